@@ -1,0 +1,1 @@
+"""Streaming ingest: Parquet on any fsspec URL -> JaggedBatch, exactly once, resumable."""

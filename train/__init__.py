@@ -1,0 +1,1 @@
+"""Training: config, trainer, pipeline, checkpoints, metrics, MFU, reports and the CLI."""

@@ -1,0 +1,15 @@
+"""Attention and other kernels: Triton implementations, each with a PyTorch reference."""
+
+from kernels.attention import jagged_attention
+from kernels.attention_flops import jagged_attention_flops
+from kernels.attention_ref import jagged_attention_ref
+from kernels.attention_spec import AttentionError, RelativeBias, attention_impl
+
+__all__ = [
+    "AttentionError",
+    "RelativeBias",
+    "attention_impl",
+    "jagged_attention",
+    "jagged_attention_flops",
+    "jagged_attention_ref",
+]

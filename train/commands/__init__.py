@@ -1,0 +1,1 @@
+"""One module per command group of the `gemtrain` CLI (see train/cli.py)."""

@@ -1,0 +1,5 @@
+"""`gemtrain data ...` commands (synth, validate)."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

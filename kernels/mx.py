@@ -1,0 +1,307 @@
+"""Block-scaled FP8 formats: OCP MX (MXFP8) and the Hopper scaled-GEMM recipes.
+
+Formats (all elements are ``torch.float8_e4m3fn``; max normal 448):
+
+* **MXFP8** (OCP Microscaling Formats spec v1.0): one E8M0 scale per 32 consecutive elements along
+  the reduction dimension. Scales are stored as ``uint8`` biased exponents (value ``2**(s - 127)``,
+  ``s = 255`` is NaN). Encoding follows section 6.3 of the spec: ``X = 2**(floor(log2(amax)) - 8)``
+  (8 = emax of E4M3), elements ``V / X`` rounded to nearest-even and saturated to +-448 (values in
+  (448, 512) of the scaled block clamp to 448: the spec's saturating conversion). Scale exponents
+  below -127 clamp to -127. A block holding NaN or +-Inf gets the NaN scale (255) and NaN elements
+  (0x7F), so it decodes to NaN, as the spec says for a NaN scale.
+* **Hopper recipes** (fp32 scales, laid out as ``torch.nn.functional.scaled_mm`` reads them):
+  ``1x128`` blocks (activations and gradients), ``128x128`` tiles (weights) and ``rowwise``. Their
+  scales are powers of two chosen so nothing saturates (``2**ceil(log2(amax / 448))``): dividing by a
+  power of two is exact, so quantization is bit-reproducible on every backend, and E4M3's relative
+  precision does not depend on where in its range a block lands, so nothing is lost against a
+  non-power-of-two scale. Non-finite blocks get a NaN scale and NaN elements.
+
+Layouts. ``axis=1`` quantizes blocks along each row (the contiguous dim) of ``x [R, C]`` and returns
+``data [R, Cp]``; ``axis=0`` quantizes blocks along columns and returns the *transposed* layout
+``data [C, Rp]`` (the quantization of ``x.T``), which is what the backward GEMMs read
+(``dW = dY^T X`` reduces over tokens). ``Rp``/``Cp`` round the reduction length up to the block size;
+the padding holds zeros, so it adds nothing to a GEMM.
+
+Every quantizer has a PyTorch reference (``backend="ref"``, any device) and a Triton kernel
+(``backend="triton"``; on CPU it runs under ``TRITON_INTERPRET=1``); the two are bit-identical.
+``backend="auto"`` picks Triton on CUDA and the reference elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MX_BLOCK = 32
+HOPPER_BLOCK = 128
+E4M3_MAX = 448.0
+E8M0_NAN = 255
+_NAN_CODE = 0x7F  # e4m3fn NaN (positive)
+_BACKENDS = ("auto", "ref", "triton")
+
+
+class MXFormatError(ValueError):
+    """An input the block-scaled quantizers cannot take (shape, dtype, device or backend)."""
+
+
+@dataclass
+class MXTensor:
+    """MXFP8 matrix: ``data`` [rows, cols_padded] e4m3, ``scale`` [rows, cols_padded // 32] uint8 (E8M0).
+
+    Blocks run along dim 1 of ``data``. ``shape`` is the logical (unpadded) shape of the matrix held.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    shape: tuple[int, int]
+
+
+@dataclass
+class ScaledTensor:
+    """Hopper-recipe FP8 matrix: ``data`` [rows, cols_padded] e4m3 and fp32 power-of-two ``scale``.
+
+    ``kind`` is ``"1x128"`` (scale [rows, cols_padded // 128], strides (1, rows): column-major, as
+    ``scaled_mm`` wants), ``"rowwise"`` (scale [rows, 1]) or ``"128x128"`` (scale
+    [ceil(rows/128), cols_padded // 128], row-major). Decoded value = ``data * scale`` (broadcast per block).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    shape: tuple[int, int]
+    kind: str
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _check_2d(x: torch.Tensor, where: str) -> None:
+    if x.dim() != 2:
+        raise MXFormatError(f"{where}: expected a 2-D tensor, got shape {tuple(x.shape)}; reshape to [rows, cols]")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise MXFormatError(f"{where}: expected float32/float16/bfloat16 input, got {x.dtype}")
+
+
+def _pick_backend(backend: str, x: torch.Tensor, where: str) -> str:
+    if backend not in _BACKENDS:
+        raise MXFormatError(f"{where}: backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if x.is_cuda else "ref"
+    return backend
+
+
+def _pad_cols(x: torch.Tensor, block: int) -> torch.Tensor:
+    cp = _ceil_to(x.shape[1], block)
+    if cp == x.shape[1]:
+        return x
+    return torch.nn.functional.pad(x, (0, cp - x.shape[1]))
+
+
+def _f32_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From |x| max (as fp32 bits) -> (inverse-scale fp32 bits, stored scale, non-finite mask).
+
+    Stored scale: the E8M0 byte (e8m0) or the fp32 bits of the power-of-two scale (pow2-ceil).
+    """
+    e = amax_bits >> 23  # biased exponent; sign bit already cleared
+    bad = e == 255
+    if e8m0:
+        s = torch.clamp(e - 8, min=0)  # floor(log2 amax) - emax(e4m3)=8, clamped at 2^-127
+        s = torch.where(bad, torch.full_like(s, E8M0_NAN), s)
+        inv = (254 - torch.clamp(s, max=254)) << 23  # 2^(127 - s); s=0 gives 2^127, still normal
+        return inv, s, bad
+    mant = amax_bits & 0x7FFFFF
+    t = e - 8 + (mant > 0x600000).to(torch.int32)  # ceil(log2(amax / 448)), biased
+    t = torch.where(e == 0, torch.ones_like(t), torch.clamp(t, min=1))
+    inv = (254 - t) << 23
+    sbits = torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23)
+    return inv, sbits, bad
+
+
+def _quant_rows_ref(x: torch.Tensor, block: int, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize blocks of ``block`` along dim 1 of a padded fp32 matrix. Returns (e4m3 data, scale)."""
+    r, c = x.shape
+    xb = x.reshape(r, c // block, block)
+    amax_bits = (xb.view(torch.int32) & 0x7FFFFFFF).amax(dim=-1)
+    inv, s, bad = _scale_bits_ref(amax_bits, e8m0)
+    y = (xb * _f32_from_bits(inv).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8)
+    q = q.masked_fill(bad.unsqueeze(-1), _NAN_CODE)
+    q = q.reshape(r, c).view(torch.float8_e4m3fn)
+    if e8m0:
+        return q, s.to(torch.uint8)
+    return q, _f32_from_bits(s)
+
+
+def _decode_scale_e8m0(s: torch.Tensor) -> torch.Tensor:
+    si = s.to(torch.int32)
+    bits = torch.where(si == 0, torch.full_like(si, 0x00400000), si << 23)  # 2^-127 is subnormal
+    bits = torch.where(si == E8M0_NAN, torch.full_like(si, 0x7FC00000), bits)
+    return _f32_from_bits(bits)
+
+
+# ----------------------------------------------------------------------------------------------
+# MXFP8
+
+
+def mx_quantize_ref(x: torch.Tensor, axis: int = 1) -> MXTensor:
+    """Reference MXFP8 quantization (PyTorch, any device). See the module docstring for layouts."""
+    _check_2d(x, "mx_quantize_ref")
+    if axis not in (0, 1):
+        raise MXFormatError(f"mx_quantize_ref: axis must be 0 or 1, got {axis}")
+    m = x.float() if axis == 1 else x.float().t()
+    q, s = _quant_rows_ref(_pad_cols(m.contiguous(), MX_BLOCK), MX_BLOCK, e8m0=True)
+    return MXTensor(q, s, (m.shape[0], m.shape[1]))
+
+
+def mx_dequantize_ref(t: MXTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference MXFP8 decode to ``dtype`` ([rows, cols], padding dropped)."""
+    r, c = t.shape
+    vals = t.data.float().reshape(r, -1, MX_BLOCK) * _decode_scale_e8m0(t.scale).unsqueeze(-1)
+    return vals.reshape(r, -1)[:, :c].to(dtype)
+
+
+def mx_quantize(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> MXTensor:
+    """MXFP8-quantize ``x [R, C]`` with 32-blocks along dim ``axis`` (axis=0 returns the x.T layout)."""
+    if _pick_backend(backend, x, "mx_quantize") == "ref":
+        return mx_quantize_ref(x, axis)
+    _check_2d(x, "mx_quantize")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=axis == 1, col=axis == 0)
+    out = rows if axis == 1 else cols
+    return MXTensor(out[0], out[1], out[2])
+
+
+def mx_quantize_both(x: torch.Tensor, backend: str = "auto") -> tuple[MXTensor, MXTensor]:
+    """Both MXFP8 layouts of ``x`` (blocks along rows, and the x.T layout) from one read of ``x``."""
+    if _pick_backend(backend, x, "mx_quantize_both") == "ref":
+        return mx_quantize_ref(x, 1), mx_quantize_ref(x, 0)
+    _check_2d(x, "mx_quantize_both")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=True, col=True)
+    return MXTensor(*rows), MXTensor(*cols)
+
+
+def mx_dequantize(t: MXTensor, dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
+    """Decode an :class:`MXTensor` to ``dtype`` (float32 or bfloat16)."""
+    if _pick_backend(backend, t.data, "mx_dequantize") == "ref":
+        return mx_dequantize_ref(t, dtype)
+    from kernels import mx_triton
+
+    return mx_triton.mx_dequantize(t.data, t.scale, t.shape, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hopper recipes: 1x128, 128x128, rowwise (fp32 power-of-two scales)
+
+
+def _colmajor(scale_rows_major: torch.Tensor) -> torch.Tensor:
+    """[rows, nb] values -> same values in a [rows, nb] view with strides (1, rows)."""
+    return scale_rows_major.t().contiguous().t()
+
+
+def quantize_1x128_ref(x: torch.Tensor, axis: int = 1) -> ScaledTensor:
+    """Reference 1x128 quantization; scale [rows, nb] column-major (strides (1, rows))."""
+    _check_2d(x, "quantize_1x128_ref")
+    m = x.float() if axis == 1 else x.float().t()
+    q, s = _quant_rows_ref(_pad_cols(m.contiguous(), HOPPER_BLOCK), HOPPER_BLOCK, e8m0=False)
+    return ScaledTensor(q, _colmajor(s), (m.shape[0], m.shape[1]), "1x128")
+
+
+def quantize_1x128(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> ScaledTensor:
+    """1x128 blocks along dim ``axis`` of ``x`` (axis=0 returns the x.T layout)."""
+    if _pick_backend(backend, x, "quantize_1x128") == "ref":
+        return quantize_1x128_ref(x, axis)
+    _check_2d(x, "quantize_1x128")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=axis == 1, col=axis == 0)
+    out = rows if axis == 1 else cols
+    return ScaledTensor(out[0], out[1], out[2], "1x128")
+
+
+def quantize_1x128_both(x: torch.Tensor, backend: str = "auto") -> tuple[ScaledTensor, ScaledTensor]:
+    """Both 1x128 layouts of ``x`` from one read (rows for the forward, x.T for the weight gradient)."""
+    if _pick_backend(backend, x, "quantize_1x128_both") == "ref":
+        return quantize_1x128_ref(x, 1), quantize_1x128_ref(x, 0)
+    _check_2d(x, "quantize_1x128_both")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=True)
+    return ScaledTensor(*rows, "1x128"), ScaledTensor(*cols, "1x128")
+
+
+def quantize_128x128_ref(w: torch.Tensor) -> tuple[ScaledTensor, ScaledTensor]:
+    """Reference 128x128-tile quantization of a weight ``w [N, K]``.
+
+    Returns ``(w_q, wt_q)``: ``w_q.data [N, Kp]`` and ``wt_q.data [K, Np]`` (the transposed copy the
+    input-gradient GEMM reads) with scales ``[ceil(N/128), Kp/128]`` and its transpose.
+    """
+    _check_2d(w, "quantize_128x128_ref")
+    n, k = w.shape
+    np_, kp = _ceil_to(n, HOPPER_BLOCK), _ceil_to(k, HOPPER_BLOCK)
+    wp = torch.nn.functional.pad(w.float(), (0, kp - k, 0, np_ - n))
+    tiles = wp.reshape(np_ // 128, 128, kp // 128, 128).permute(0, 2, 1, 3)  # [nb, kb, 128, 128]
+    amax_bits = (tiles.reshape(np_ // 128, kp // 128, -1).view(torch.int32) & 0x7FFFFFFF).amax(-1)
+    inv, sbits, bad = _scale_bits_ref(amax_bits, e8m0=False)
+    y = (tiles * _f32_from_bits(inv)[..., None, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8).masked_fill(bad[..., None, None], _NAN_CODE)
+    q = q.permute(0, 2, 1, 3).reshape(np_, kp)
+    s = _f32_from_bits(sbits)
+    wq = ScaledTensor(q[:n].contiguous().view(torch.float8_e4m3fn), s, (n, k), "128x128")
+    wtq = ScaledTensor(q.t()[:k].contiguous().view(torch.float8_e4m3fn), s.t().contiguous(), (k, n), "128x128")
+    return wq, wtq
+
+
+def quantize_128x128(w: torch.Tensor, backend: str = "auto") -> tuple[ScaledTensor, ScaledTensor]:
+    """128x128-tile quantization of ``w [N, K]`` and its transposed copy (see the reference)."""
+    if _pick_backend(backend, w, "quantize_128x128") == "ref":
+        return quantize_128x128_ref(w)
+    _check_2d(w, "quantize_128x128")
+    from kernels import mx_triton
+
+    (q, s), (qt, st) = mx_triton.quantize_tiles(w)
+    n, k = w.shape
+    return ScaledTensor(q, s, (n, k), "128x128"), ScaledTensor(qt, st, (k, n), "128x128")
+
+
+def quantize_rowwise(x: torch.Tensor, axis: int = 1) -> ScaledTensor:
+    """One power-of-two scale per row (axis=1) or per column (axis=0, returned in the x.T layout).
+
+    Pure PyTorch on every device (the scale needs the whole row; the cast is the same on CPU and CUDA).
+    """
+    _check_2d(x, "quantize_rowwise")
+    m = x if axis == 1 else x.t()
+    mf = m.float()
+    amax_bits = (mf.view(torch.int32) & 0x7FFFFFFF).amax(dim=1, keepdim=True)
+    inv, sbits, bad = _scale_bits_ref(amax_bits, e8m0=False)
+    y = (mf * _f32_from_bits(inv)).clamp(-E4M3_MAX, E4M3_MAX)
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8).masked_fill(bad, _NAN_CODE).view(torch.float8_e4m3fn)
+    return ScaledTensor(q.contiguous(), _f32_from_bits(sbits), (m.shape[0], m.shape[1]), "rowwise")
+
+
+def dequantize_scaled(t: ScaledTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode a :class:`ScaledTensor` to ``dtype`` ([rows, cols], padding dropped). PyTorch, any device."""
+    r, c = t.shape
+    d = t.data.float()
+    if t.kind == "rowwise":
+        out = d * t.scale
+    elif t.kind == "1x128":
+        out = (d.reshape(r, -1, HOPPER_BLOCK) * t.scale.unsqueeze(-1)).reshape(r, -1)
+    elif t.kind == "128x128":
+        s = t.scale.repeat_interleave(HOPPER_BLOCK, 0)[: d.shape[0]]
+        s = s.repeat_interleave(HOPPER_BLOCK, 1)[:, : d.shape[1]]
+        out = d * s
+    else:
+        raise MXFormatError(f"dequantize_scaled: unknown kind {t.kind!r}; expected 1x128, 128x128 or rowwise")
+    return out[:, :c].to(dtype)

@@ -1,0 +1,229 @@
+"""Triton kernels behind :mod:`kernels.mx`: block quantize (rows, transposed, or both from one read),
+128x128 tile quantize, and MXFP8 decode.
+
+The element conversion fp32 -> e4m3 is done with integer and exactly-rounded fp32 operations (no
+hardware cvt), so the result is the same on any GPU, under the interpreter and in the PyTorch
+reference: round-to-nearest-even, inputs already clamped to +-448.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _encode_e4m3(y):
+    """fp32 (finite, |y| <= 448) -> e4m3fn code as int32 (RNE)."""
+    b = y.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    ab = b & 0x7FFFFFFF
+    # normal e4m3 (|y| >= 2^-6): round 23 mantissa bits to 3, ties to even, then rebias 127 -> 7
+    norm = ((ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20) - 960
+    # subnormal: adding 2^14 makes the fp32 add round |y| to a multiple of 2^-9 (the e4m3 step)
+    yab = ab.to(tl.float32, bitcast=True)
+    sub = (yab + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
+    return tl.where(ab >= 0x3C800000, norm, sub) | sign
+
+
+@triton.jit
+def _scale_from_amax(amax_bits, E8M0: tl.constexpr):
+    """Same rules as kernels.mx._scale_bits_ref: (inverse-scale bits, stored scale, non-finite)."""
+    e = amax_bits >> 23
+    bad = e == 255
+    if E8M0:
+        s = tl.maximum(e - 8, 0)
+        s = tl.where(bad, 255, s)
+        inv = (254 - tl.minimum(s, 254)) << 23
+        stored = s
+    else:
+        mant = amax_bits & 0x7FFFFF
+        t = e - 8 + (mant > 0x600000).to(tl.int32)
+        t = tl.where(e == 0, 1, tl.maximum(t, 1))
+        inv = (254 - t) << 23
+        stored = tl.where(bad, 0x7FC00000, t << 23)
+    return inv, stored, bad
+
+
+@triton.jit
+def _quant_rows(x, A: tl.constexpr, W: tl.constexpr, BLK: tl.constexpr, E8M0: tl.constexpr):
+    """Quantize a [A, W] fp32 tile in blocks of BLK along dim 1 -> (codes [A, W], scales [A, W//BLK])."""
+    xb = tl.reshape(x, (A * (W // BLK), BLK))
+    amax = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)  # integer max: NaN > Inf > finite
+    inv, stored, bad = _scale_from_amax(amax, E8M0)
+    y = xb * inv.to(tl.float32, bitcast=True)[:, None]
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    code = tl.where(bad[:, None], 0x7F, _encode_e4m3(y))
+    return tl.reshape(code, (A, W)), tl.reshape(stored, (A, W // BLK))
+
+
+@triton.jit
+def _quant_kernel(
+    x_ptr, R, C, sxr, sxc,
+    q_ptr, sqr, s_ptr, ssr, ssc, CP,
+    qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
+    TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
+    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
+    inb = (rr[:, None] < R) & (cc[None, :] < C)
+    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0).to(tl.float32)
+    if ROW:  # blocks along C; output [R, CP]
+        code, sc = _quant_rows(x, TR, TC, BLK, E8M0)
+        m = (rr[:, None] < R) & (cc[None, :] < CP)
+        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code.to(tl.uint8), mask=m)
+        bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)
+        ms = (rr[:, None] < R) & (bc[None, :] < CP // BLK)
+        sp = s_ptr + rr[:, None] * ssr + bc[None, :] * ssc
+        if E8M0:
+            tl.store(sp, sc.to(tl.uint8), mask=ms)
+        else:
+            tl.store(sp, sc.to(tl.float32, bitcast=True), mask=ms)
+    if COL:  # blocks along R; output transposed [C, RP]
+        codet, sct = _quant_rows(tl.trans(x), TC, TR, BLK, E8M0)
+        m = (cc[:, None] < C) & (rr[None, :] < RP)
+        tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], codet.to(tl.uint8), mask=m)
+        br = (pid_r * (TR // BLK) + tl.arange(0, TR // BLK)).to(tl.int64)
+        ms = (cc[:, None] < C) & (br[None, :] < RP // BLK)
+        sp = st_ptr + cc[:, None] * sstr + br[None, :] * sstc
+        if E8M0:
+            tl.store(sp, sct.to(tl.uint8), mask=ms)
+        else:
+            tl.store(sp, sct.to(tl.float32, bitcast=True), mask=ms)
+
+
+@triton.jit
+def _tile_kernel(
+    w_ptr, N, K, swn, swk,
+    q_ptr, sqn, qt_ptr, sqtk, s_ptr, ssn, st_ptr, sst, NP, KP,
+    T: tl.constexpr,
+):
+    """One T x T tile -> one power-of-two scale; writes q [N, KP], q^T [K, NP], scale and scale^T."""
+    pn = tl.program_id(0)
+    pk = tl.program_id(1)
+    rn = (pn * T + tl.arange(0, T)).to(tl.int64)
+    rk = (pk * T + tl.arange(0, T)).to(tl.int64)
+    w = tl.load(w_ptr + rn[:, None] * swn + rk[None, :] * swk,
+                mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(w.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+    inv, stored, bad = _scale_from_amax(amax, False)
+    y = w * inv.to(tl.float32, bitcast=True)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
+    tl.store(q_ptr + rn[:, None] * sqn + rk[None, :], code, mask=(rn[:, None] < N) & (rk[None, :] < KP))
+    tl.store(qt_ptr + rk[:, None] * sqtk + rn[None, :], tl.trans(code),
+             mask=(rk[:, None] < K) & (rn[None, :] < NP))
+    sv = stored.to(tl.float32, bitcast=True)
+    tl.store(s_ptr + pn * ssn + pk, sv)
+    tl.store(st_ptr + pk * sst + pn, sv)
+
+
+@triton.jit
+def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
+                       TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
+    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
+    m = (rr[:, None] < R) & (cc[None, :] < C)
+    c = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0).to(tl.int32)
+    s = tl.load(s_ptr + rr[:, None] * ssr + cc[None, :] // BLK, mask=m, other=127).to(tl.int32)
+    e = (c >> 3) & 0xF
+    mant = c & 7
+    sign = (c & 0x80) << 24
+    normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+    sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact
+    sub = tl.where((c & 0x80) != 0, -sub, sub)
+    v = tl.where(e == 0, sub, normal)
+    v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+    xs = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
+    out = tl.where(s == 255, float("nan"), v * xs)
+    tl.store(o_ptr + rr[:, None] * sor + cc[None, :], out.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+# Tile shapes (rows, cols, warps) per (block, mode); chosen on an H200 by benchmarks/fp8_linear.py.
+TILES: dict[tuple[int, str], tuple[int, int, int]] = {
+    (32, "row"): (64, 128, 4),
+    (32, "col"): (128, 64, 4),
+    (32, "both"): (64, 64, 4),
+    (128, "row"): (32, 128, 4),
+    (128, "col"): (128, 32, 4),
+    (128, "both"): (128, 128, 8),
+}
+
+
+def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
+             tiles: tuple[int, int, int] | None = None):
+    """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None).
+
+    Row output: q [R, Cp], scale [R, Cp/block]; column output: qt [C, Rp], scale [C, Rp/block].
+    E8M0 scales are row-major uint8; fp32 (1x128) scales are [rows, nb] with strides (1, rows).
+    """
+    r, c = x.shape
+    mode = "both" if (row and col) else ("row" if row else "col")
+    tr, tc, nw = tiles or TILES[(block, mode)]
+    cp, rp = _ceil_to(c, block), _ceil_to(r, block)
+    dev = x.device
+    sdt = torch.uint8 if e8m0 else torch.float32
+
+    def scale_buf(rows: int, nb: int) -> torch.Tensor:
+        if e8m0:
+            return torch.empty(rows, nb, dtype=sdt, device=dev)
+        return torch.empty(nb, rows, dtype=sdt, device=dev).t()  # column-major, as scaled_mm reads
+
+    dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
+    q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy8.view(1, 1)
+    s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
+    qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
+    st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
+    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
+    _quant_kernel[grid](
+        x, r, c, x.stride(0), x.stride(1),
+        q, q.stride(0), s, s.stride(0), s.stride(1), cp,
+        qt, qt.stride(0), st, st.stride(0), st.stride(1), rp,
+        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, num_warps=nw,
+    )
+    f8 = torch.float8_e4m3fn
+    rows = (q.view(f8), s, (r, c)) if row else None
+    cols = (qt.view(f8), st, (c, r)) if col else None
+    return rows, cols
+
+
+def quantize_tiles(w: torch.Tensor, tile: int = 128):
+    """128x128-tile quantize of w [N, K] -> ((q [N, Kp], s [Nb, Kb]), (qt [K, Np], st [Kb, Nb]))."""
+    n, k = w.shape
+    np_, kp = _ceil_to(n, tile), _ceil_to(k, tile)
+    dev = w.device
+    q = torch.empty(n, kp, dtype=torch.uint8, device=dev)
+    qt = torch.empty(k, np_, dtype=torch.uint8, device=dev)
+    s = torch.empty(np_ // tile, kp // tile, dtype=torch.float32, device=dev)
+    st = torch.empty(kp // tile, np_ // tile, dtype=torch.float32, device=dev)
+    _tile_kernel[(np_ // tile, kp // tile)](
+        w, n, k, w.stride(0), w.stride(1),
+        q, q.stride(0), qt, qt.stride(0), s, s.stride(0), st, st.stride(0), np_, kp,
+        T=tile, num_warps=8,
+    )
+    f8 = torch.float8_e4m3fn
+    return (q.view(f8), s), (qt.view(f8), st)
+
+
+def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int],
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Decode MXFP8 (data [R, Cp] e4m3, scale [R, Cp/32] uint8) to ``dtype`` [R, C]."""
+    r, c = shape
+    out = torch.empty(r, c, dtype=dtype, device=data.device)
+    q = data.view(torch.uint8)
+    tr, tc = 32, 128
+    _mx_dequant_kernel[(triton.cdiv(r, tr), triton.cdiv(c, tc))](
+        q, q.stride(0), scale, scale.stride(0), out, out.stride(0), r, c,
+        TR=tr, TC=tc, BLK=32, num_warps=4,
+    )
+    return out

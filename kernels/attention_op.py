@@ -1,0 +1,229 @@
+"""Jagged attention as ``torch.library`` custom ops around the Triton kernels.
+
+Custom ops (``gemtrain::jagged_attn_fwd`` / ``gemtrain::jagged_attn_bwd``) keep ``torch.compile`` free of
+graph breaks, work under activation checkpointing, and let ``torch.utils.flop_counter`` count useful
+FLOPs through the registered formulas. Launch order: rows with the longest other side first, and inside
+a row the most expensive (last) tiles first, so skewed batches do not leave a long tail on few SMs.
+"""
+
+import torch
+import triton
+from torch.utils.flop_counter import register_flop_formula
+
+from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
+from kernels.attention_spec import RelativeBias
+from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
+from kernels.attention_triton_common import ACT_CODES, INTERPRET
+from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
+
+Tensor = torch.Tensor
+
+
+def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: int) -> tuple[Tensor, int]:
+    """[N, 2] int32 (row, tile) pairs, rows with the longest other side first, last tiles first.
+
+    N is an upper bound computed without a device sync (``ceil(total / block) + B``); unused entries
+    have row -1 and their programs exit at once.
+    """
+    num_rows = tile_offsets.numel() - 1
+    lens = (tile_offsets[1:] - tile_offsets[:-1]).long()
+    other = (other_offsets[1:] - other_offsets[:-1]).long()
+    tiles = (lens + block - 1) // block
+    perm = torch.argsort(other * (1 << 20) + lens, descending=True, stable=True)
+    tiles_sorted = tiles[perm]
+    cum = tiles_sorted.cumsum(0)
+    n_items = triton.cdiv(total, block) + num_rows
+    t = torch.arange(n_items, device=tile_offsets.device)
+    idx = torch.searchsorted(cum, t, right=True)
+    valid = idx < num_rows
+    idx_c = idx.clamp(max=num_rows - 1)
+    tile = tiles_sorted[idx_c] - 1 - (t - (cum[idx_c] - tiles_sorted[idx_c]))
+    row = torch.where(valid, perm[idx_c], torch.full_like(idx_c, -1))
+    tile = torch.where(valid, tile, torch.zeros_like(tile))
+    return torch.stack([row, tile], dim=1).to(torch.int32).contiguous(), n_items
+
+
+def _plan(q: Tensor, k: Tensor, len_key: int) -> dict:
+    d = q.shape[-1]
+    block_d = max(16, triton.next_power_of_2(d))
+    if INTERPRET:
+        tile_q, tile_kv = 16, 16
+    else:
+        tile_q = 128 if block_d <= 128 else 64
+        tile_kv = 128 if block_d <= 64 else 64
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    return dict(block_d=block_d, tile_q=tile_q, tile_kv=tile_kv, prec=prec, len_key=len_key)
+
+
+def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int, norm: int,
+          num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+          plan: dict) -> dict:
+    return dict(
+        H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=plan["block_d"], ACT=ACT_CODES[activation],
+        CAUSAL=causal, HAS_NT=num_targets is not None, BLOCK_S=block_size, HAS_WINDOW=window >= 0,
+        HAS_POS=pos_weight is not None, NUM_POS=1 if pos_weight is None else pos_weight.shape[0],
+        HAS_TIME=time_weight is not None, NUM_TIME=1 if time_weight is None else time_weight.shape[0],
+        NORM_ROW=norm == 0, PREC=plan["prec"],
+    )
+
+
+def _ptr(t: Tensor | None, fallback: Tensor) -> Tensor:
+    return fallback if t is None else t
+
+
+@torch.library.custom_op("gemtrain::jagged_attn_fwd", mutates_args=())
+def jagged_attn_fwd(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+    num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+) -> tuple[Tensor, Tensor]:
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
+    num_rows = q_offsets.numel() - 1
+    if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
+        return out, lse
+    plan = _plan(q, k, len_key)
+    work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
+    jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
+        q, k, v, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
+        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
+        BLOCK_M=plan["tile_q"], **meta,
+    )
+    return out, lse
+
+
+@jagged_attn_fwd.register_fake
+def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
+      activation, causal, scale, block_size, window, norm, len_key):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("gemtrain::jagged_attn_bwd", mutates_args=())
+def jagged_attn_bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_offsets: Tensor,
+    kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
+    dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
+                        device=q.device)
+    num_rows = q_offsets.numel() - 1
+    if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
+        return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+    do = do.contiguous()
+    plan = _plan(q, k, len_key)
+    meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
+    delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
+    common = (scale, float(max(norm, 1)), max(window, 0), len_key)
+    work_kv, n_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])
+    jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
+        q, k, v, do, lse, delta, dk, dv, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work_kv,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else lse,
+        dtime if time_weight is not None else lse, _ptr(q_timestamps, q_offsets),
+        _ptr(kv_timestamps, kv_offsets), *common, BLOCK_N=plan["tile_kv"], **meta,
+    )
+    work_q, n_q = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    jagged_attn_bwd_dq_kernel[(n_q * q.shape[1],)](
+        q, k, v, do, lse, delta, dq, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work_q,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
+        _ptr(kv_timestamps, kv_offsets), *common, BLOCK_M=plan["tile_q"], **meta,
+    )
+    return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+
+
+def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
+    return grad if table is None else grad.to(table.dtype)
+
+
+@jagged_attn_bwd.register_fake
+def _(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps,
+      kv_timestamps, activation, causal, scale, block_size, window, norm, len_key):
+    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
+    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+
+
+_NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", "len_key")
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                          q_ts, kv_ts)
+    ctx.rest = rest
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts = ctx.saved_tensors
+    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.jagged_attn_bwd(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
+        *ctx.rest,
+    )
+    return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
+            dtime if time_weight is not None else None, None, None) + (None,) * len(_NON_TENSOR)
+
+
+jagged_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _pairs_or_estimate(q_offsets: Tensor, kv_offsets: Tensor, args: tuple) -> int:
+    num_targets, causal, block_size, window = args[5], args[11], args[13], args[14]
+    try:
+        return visible_pairs(q_offsets, kv_offsets, causal=causal, block_size=block_size or None,
+                             window=None if window < 0 else window, num_targets=num_targets)
+    except Exception:  # fake/meta offsets (tracing): no values, so assume equal rows
+        rows = max(q_offsets.shape[0] - 1, 1)
+        return args[0].shape[0] * args[1].shape[0] // rows
+
+
+@register_flop_formula(torch.ops.gemtrain.jagged_attn_fwd, get_raw=True)
+def _fwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[0]
+    return 4 * _pairs_or_estimate(args[3], args[4], args) * q.shape[1] * q.shape[2]
+
+
+@register_flop_formula(torch.ops.gemtrain.jagged_attn_bwd, get_raw=True)
+def _bwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[1]
+    shifted = (args[1], args[2], args[3], args[6], args[7], args[8], None, None, None, None, None,
+               args[14], None, args[16], args[17])
+    return int(BACKWARD_FACTOR * 4 * _pairs_or_estimate(args[6], args[7], shifted) * q.shape[1] * q.shape[2])
+
+
+def _len_key(q_offsets: Tensor, q: Tensor, k: Tensor, max_q_len: int | None, max_kv_len: int | None) -> int:
+    """Power-of-two bucket of the longest row, so autotuning does not repeat for every jagged batch."""
+    rows = max(q_offsets.numel() - 1, 1)
+    longest = max(max_q_len or 0, max_kv_len or 0) or max(q.shape[0], k.shape[0]) // rows
+    return triton.next_power_of_2(max(longest, 16))
+
+
+def jagged_attention_triton(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *, activation: str, causal: bool,
+    scale: float, bias: RelativeBias | None, block_size: int | None, window: int | None,
+    num_targets: Tensor | None, pointwise_norm: str | int, max_q_len: int | None, max_kv_len: int | None,
+) -> Tensor:
+    """Triton path of ``kernels.jagged_attention`` (arguments already validated there)."""
+    bias = bias if bias is not None and not bias.is_empty else None
+    pos_w = bias.pos_weight if bias is not None else None
+    time_w = bias.time_weight if bias is not None else None
+    q_ts = bias.q_timestamps.contiguous() if time_w is not None else None
+    kv_ts = bias.kv_timestamps.contiguous() if time_w is not None else None
+    out, _ = torch.ops.gemtrain.jagged_attn_fwd(
+        q.contiguous(), k.contiguous(), v.contiguous(), q_offsets.contiguous(), kv_offsets.contiguous(),
+        None if num_targets is None else num_targets.contiguous(),
+        None if pos_w is None else pos_w.contiguous(), None if time_w is None else time_w.contiguous(),
+        q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
+        -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
+        _len_key(q_offsets, q, k, max_q_len, max_kv_len),
+    )
+    return out
+
+
+__all__ = ["jagged_attention_triton", "work_list"]

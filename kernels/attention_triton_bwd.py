@@ -1,0 +1,221 @@
+"""Triton backward of jagged attention.
+
+Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
+
+* ``dkdv``: one program per (KV tile, head), looping over the queries that can see the tile; it also
+  adds the score gradients into the bias-table gradients (fp32 atomics: tables are tiny).
+* ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward).
+
+Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i``; pointwise: ``ds = dp * act'(s) / n``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_triton_common import (
+    INTERPRET,
+    LOG2E,
+    act_fwd_bwd,
+    kv_range,
+    pos_bucket,
+    q_range,
+    time_bucket,
+    visible,
+)
+
+_KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"]
+
+
+def _configs(name: str) -> list[triton.Config]:
+    inner = "BLOCK_M" if name == "dkdv" else "BLOCK_N"
+    if INTERPRET:
+        return [triton.Config({inner: 16}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({inner: b}, num_warps=w, num_stages=s)
+        for b in (32, 64) for w in (4, 8) for s in (2, 3)
+    ]
+
+
+@triton.jit
+def _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+            H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+            NUM_TIME: tl.constexpr, PREC: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if HAS_POS:
+        s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
+    if HAS_TIME:
+        s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+    return s
+
+
+@triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"])
+@triton.jit
+def jagged_attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
+    scale, norm_const, window, LEN_KEY,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
+    row = tl.load(WORK + 2 * item)
+    if row < 0:
+        return
+    nblk = tl.load(WORK + 2 * item + 1)
+    q_start = tl.load(QO + row).to(tl.int64)
+    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(KO + row).to(tl.int64)
+    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    hist_end = kv_len
+    if HAS_NT:
+        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+    shift = kv_len - q_len
+    stride_t: tl.constexpr = H * HEAD_DIM
+
+    offs_n = nblk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < kv_len
+    d_ok = offs_d < HEAD_DIM
+    kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    ts_k = offs_n
+    if HAS_TIME:
+        ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+
+    last = tl.minimum(nblk * BLOCK_N + BLOCK_N, kv_len) - 1
+    lo, hi = q_range(nblk * BLOCK_N, last, q_len, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
+    lo = tl.maximum(lo, 0)
+    hi = tl.minimum(hi, q_len)
+
+    if ACT == 0:
+        qk_scale = scale * LOG2E
+        bias_scale = LOG2E
+    else:
+        qk_scale = scale
+        bias_scale = 1.0
+    if NORM_ROW:
+        inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
+    else:
+        inv_n = 1.0 / norm_const
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < hi
+        pos_q = shift + offs_m
+        q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+        q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        ts_q = offs_m
+        if HAS_TIME:
+            ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+        s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+        ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        if ACT == 0:
+            lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
+            delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
+            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = act_fwd_bwd(s, ACT)
+            p = tl.where(ok, a * inv_n, 0.0)
+            ds = tl.where(ok, dp * da * inv_n, 0.0)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        if HAS_POS:
+            tl.atomic_add(DPOSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h, ds, mask=ok)
+        if HAS_TIME:
+            tl.atomic_add(DTIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h, ds, mask=ok)
+
+    tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
+    tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
+
+
+@triton.autotune(configs=_configs("dq"), key=_KEY)
+@triton.jit
+def jagged_attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    scale, norm_const, window, LEN_KEY,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
+    row = tl.load(WORK + 2 * item)
+    if row < 0:
+        return
+    mblk = tl.load(WORK + 2 * item + 1)
+    q_start = tl.load(QO + row).to(tl.int64)
+    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(KO + row).to(tl.int64)
+    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    hist_end = kv_len
+    if HAS_NT:
+        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+    shift = kv_len - q_len
+    stride_t: tl.constexpr = H * HEAD_DIM
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    pos_q = shift + offs_m
+    q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    ts_q = offs_m
+    if HAS_TIME:
+        ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+    if ACT == 0:
+        lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
+        delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
+        qk_scale = scale * LOG2E
+        bias_scale = LOG2E
+    else:
+        qk_scale = scale
+        bias_scale = 1.0
+    if NORM_ROW:
+        inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
+    else:
+        inv_n = 1.0 / norm_const
+
+    last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
+    lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        ts_k = offs_n
+        if HAS_TIME:
+            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+        s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        if ACT == 0:
+            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        else:
+            _, da = act_fwd_bwd(s, ACT)
+            ds = tl.where(ok, dp * da * inv_n, 0.0)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -1,0 +1,123 @@
+"""Triton helpers shared by the jagged attention kernels: visibility, loop ranges, bias, activations.
+
+The rules are those of ``kernels.attention_spec``; the KV (or Q) loop range of a tile is the smallest
+interval of positions the rules allow, so block-local and windowed attention never touch keys outside
+the block or window (O(L*S) / O(L*W) work).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = tl.constexpr(1.4426950408889634)
+
+ACT_CODES = {"softmax": 0, "silu": 1, "gelu": 2}
+
+
+@triton.jit
+def visible(pos_q, pos_k, kv_len, hist_end, window,
+            CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Boolean tile: key at ``pos_k`` visible to query at ``pos_q`` (broadcast [M, 1] x [1, N])."""
+    ok = (pos_k < kv_len) & (pos_k >= 0)
+    if HAS_NT:
+        ok = ok & ((pos_k < hist_end) | (pos_k == pos_q))
+    if CAUSAL:
+        ok = ok & (pos_k <= pos_q)
+    if BLOCK_S > 0:
+        # Both sides are >= 0 where this can hold, so truncating division is floor division.
+        ok = ok & (pos_q >= 0) & ((pos_k // BLOCK_S) == (pos_q // BLOCK_S))
+    if HAS_WINDOW:
+        ok = ok & (pos_k >= pos_q - window)
+        if not CAUSAL:
+            ok = ok & (pos_k <= pos_q + window)
+    return ok
+
+
+@triton.jit
+def kv_range(pq_lo, pq_hi, kv_len, window,
+             CAUSAL: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Half-open key-position range that queries at positions [pq_lo, pq_hi] can see."""
+    lo = 0
+    hi = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, pq_hi + 1)
+    if BLOCK_S > 0:
+        lo = tl.maximum(lo, (tl.maximum(pq_lo, 0) // BLOCK_S) * BLOCK_S)
+        hi = tl.minimum(hi, (tl.maximum(pq_hi, 0) // BLOCK_S + 1) * BLOCK_S)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, pq_lo - window)
+        if CAUSAL:
+            hi = tl.minimum(hi, pq_hi + 1)
+        else:
+            hi = tl.minimum(hi, pq_hi + window + 1)
+    return lo, hi
+
+
+@triton.jit
+def q_range(pk_lo, pk_hi, q_len, kv_len, window,
+            CAUSAL: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Half-open query-index range whose queries can see a key at positions [pk_lo, pk_hi]."""
+    shift = kv_len - q_len  # query i sits at position shift + i
+    lo = 0
+    hi = q_len
+    if CAUSAL:
+        lo = tl.maximum(lo, pk_lo - shift)
+    if BLOCK_S > 0:
+        lo = tl.maximum(lo, (pk_lo // BLOCK_S) * BLOCK_S - shift)
+        hi = tl.minimum(hi, (pk_hi // BLOCK_S + 1) * BLOCK_S - shift)
+    if HAS_WINDOW:
+        if CAUSAL:
+            lo = tl.maximum(lo, pk_lo - shift)
+        else:
+            lo = tl.maximum(lo, pk_lo - window - shift)
+        hi = tl.minimum(hi, pk_hi + window + 1 - shift)
+    return lo, hi
+
+
+@triton.jit
+def pos_bucket(pos_q, pos_k, NUM_POS: tl.constexpr):
+    half: tl.constexpr = (NUM_POS - 1) // 2
+    rel = pos_q - pos_k
+    return tl.minimum(tl.maximum(rel, -half), NUM_POS - 1 - half) + half
+
+
+@triton.jit
+def time_bucket(ts_q, ts_k, NUM_TIME: tl.constexpr):
+    dt = ts_q - ts_k
+    dt = tl.where(dt < 0, -dt, dt) + 1
+    bits = dt.to(tl.float32).to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    return tl.minimum(tl.maximum(e, 0), NUM_TIME - 1)
+
+
+@triton.jit
+def sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def act_fwd(s, ACT: tl.constexpr):
+    """silu (ACT=1) or tanh-approximated gelu (ACT=2) of a float32 tile."""
+    if ACT == 1:
+        return s * sigmoid(s)
+    else:
+        u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
+        t = 2.0 * sigmoid(2.0 * u) - 1.0
+        return 0.5 * s * (1.0 + t)
+
+
+@triton.jit
+def act_fwd_bwd(s, ACT: tl.constexpr):
+    """(act(s), act'(s)) for silu (ACT=1) or tanh-approximated gelu (ACT=2)."""
+    if ACT == 1:
+        sg = sigmoid(s)
+        return s * sg, sg * (1.0 + s * (1.0 - sg))
+    else:
+        u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
+        t = 2.0 * sigmoid(2.0 * u) - 1.0
+        du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * s * s)
+        return 0.5 * s * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * du

@@ -1,0 +1,123 @@
+"""Triton forward of jagged attention: online softmax (log-sum-exp saved) or pointwise activation.
+
+One program per (work item, head); a work item is one BLOCK_M tile of queries of one row, listed
+longest rows first (see ``attention_op.work_list``). Tensors are contiguous ``[tokens, H, D]``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_triton_common import (
+    INTERPRET,
+    LOG2E,
+    act_fwd,
+    kv_range,
+    pos_bucket,
+    time_bucket,
+    visible,
+)
+
+
+def _configs() -> list[triton.Config]:
+    if INTERPRET:
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bn in (64, 128) for w in (4, 8) for s in (2, 3)
+    ]
+
+
+@triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"])
+@triton.jit
+def jagged_attn_fwd_kernel(
+    Q, K, V, O, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    scale, norm_const, window, LEN_KEY,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
+    row = tl.load(WORK + 2 * item)
+    if row < 0:
+        return
+    mblk = tl.load(WORK + 2 * item + 1)
+    q_start = tl.load(QO + row).to(tl.int64)
+    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(KO + row).to(tl.int64)
+    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    hist_end = kv_len
+    if HAS_NT:
+        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    shift = kv_len - q_len
+    pos_q = shift + offs_m
+    stride_t: tl.constexpr = H * HEAD_DIM
+
+    q_ptrs = Q + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_TIME:
+        ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+
+    last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
+    lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
+
+    if ACT == 0:
+        qk_scale = scale * LOG2E  # softmax runs in base 2
+        bias_scale = LOG2E
+    else:
+        qk_scale = scale
+        bias_scale = 1.0
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if HAS_POS:
+            s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
+        if HAS_TIME:
+            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+            s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        if ACT == 0:
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            p = tl.where(ok, act_fwd(s, ACT), 0.0)
+        acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
+
+    if ACT == 0:
+        has = l_i > 0.0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        # +inf for a query that sees nothing makes the backward's exp2(s - lse) zero there.
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
+        tl.store(LSE + (q_start + offs_m) * H + h, lse, mask=m_ok)
+    else:
+        if NORM_ROW:
+            out = acc / tl.maximum(kv_len, 1).to(tl.float32)
+        else:
+            out = acc / norm_const
+    o_ptrs = O + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -32,7 +32,7 @@ def _configs() -> list[triton.Config]:
 @triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"])
 @triton.jit
 def jagged_attn_fwd_kernel(
-    Q, K, V, O, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    Q, K, V, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -119,5 +119,5 @@ def jagged_attn_fwd_kernel(
             out = acc / tl.maximum(kv_len, 1).to(tl.float32)
         else:
             out = acc / norm_const
-    o_ptrs = O + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    o_ptrs = OUT + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

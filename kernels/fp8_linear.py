@@ -1,0 +1,303 @@
+"""``Fp8Linear``: a drop-in ``nn.Linear`` whose three GEMMs run in block-scaled FP8.
+
+For ``y = x W^T + b`` (x [M, K], W [N, K]) the layer runs
+
+* output         ``y  = x  @ W^T``   reduction over K,
+* input gradient ``dx = dy @ W``     reduction over N,
+* weight gradient ``dW = dy^T @ x``  reduction over M (tokens),
+
+each operand quantized along that GEMM's reduction dimension, per recipe:
+
+========== ============================================ =============================================
+recipe     operands                                     native GEMM (CUDA)
+========== ============================================ =============================================
+mxfp8      MXFP8: e4m3 + E8M0 scale per 32 elements     sm_100+: ``scaled_mm`` BlockWise1x32. Hopper:
+                                                        ``mx_on_hopper="emulate"`` (default: Triton
+                                                        quantize + decode to bf16, bf16 GEMM; exact MX
+                                                        numerics, no FP8 speed) or ``"blockwise"`` (run
+                                                        the blockwise recipe instead: FP8 speed, 128
+                                                        blocks instead of 32)
+blockwise  activations/gradients 1x128, weights 128x128 ``scaled_mm`` BlockWise1x128 x BlockWise128x128;
+           (weight gradient: 1x128 on both operands)    wgrad BlockWise1x128 x BlockWise1x128
+rowwise    one scale per row of each operand            ``scaled_mm`` RowWise
+bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
+========== ============================================ =============================================
+
+``wgrad`` picks the weight-gradient precision: ``"recipe"`` (same as the layer), ``"bf16"`` or
+``"fp32"`` (high precision: the input is kept for the backward instead of its FP8 copy).
+
+``emulate=True`` runs every recipe as quantize -> dequantize -> fp32 matmul, on any device: the
+numerical reference of the native path (same quantized operands; only the accumulation order
+differs). Without it, FP8 recipes on a CPU tensor raise :class:`Fp8LinearError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import mx
+
+RECIPES = ("mxfp8", "blockwise", "rowwise", "bf16")
+WGRAD_PRECISIONS = ("recipe", "bf16", "fp32")
+MX_ON_HOPPER = ("emulate", "blockwise")
+
+
+class Fp8LinearError(RuntimeError):
+    """An FP8 linear layer asked for something the device or the shapes cannot do."""
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """How one :class:`Fp8Linear` computes. See the module docstring for the recipes."""
+
+    recipe: str = "blockwise"
+    wgrad: str = "recipe"
+    emulate: bool = False
+    mx_on_hopper: str = "emulate"
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise Fp8LinearError(f"Fp8Config.recipe must be one of {RECIPES}, got {self.recipe!r}")
+        if self.wgrad not in WGRAD_PRECISIONS:
+            raise Fp8LinearError(f"Fp8Config.wgrad must be one of {WGRAD_PRECISIONS}, got {self.wgrad!r}")
+        if self.mx_on_hopper not in MX_ON_HOPPER:
+            raise Fp8LinearError(
+                f"Fp8Config.mx_on_hopper must be one of {MX_ON_HOPPER}, got {self.mx_on_hopper!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# execution plan: which quantizers and which GEMM, decided once per call from config and device
+
+
+@dataclass(frozen=True)
+class _Plan:
+    recipe: str  # effective recipe (mxfp8 may become blockwise on Hopper)
+    native: bool  # False: emulate (dequantize + fp32 matmul)
+    mx_hopper: bool  # mxfp8 on a GPU without MX tensor cores: decode to bf16, bf16 GEMM
+    backend: str  # quantizer backend
+
+    @staticmethod
+    def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
+        if cfg.emulate or cfg.recipe == "bf16":
+            return _Plan(cfg.recipe, not cfg.emulate, False, "auto")
+        if not x.is_cuda:
+            raise Fp8LinearError(
+                f"{where}: recipe {cfg.recipe!r} runs its FP8 GEMMs on CUDA only, got a {x.device.type} "
+                "tensor. Move the model to a GPU, or set emulate=True (PrecisionPolicy.emulate) to run the "
+                "quantize/dequantize reference on CPU.")
+        cap = torch.cuda.get_device_capability(x.device)
+        if cap < (8, 9):
+            raise Fp8LinearError(
+                f"{where}: FP8 GEMMs need compute capability 8.9+, this GPU is {cap[0]}.{cap[1]}; "
+                "use recipe='bf16' or emulate=True.")
+        if cfg.recipe == "blockwise" and cap[0] != 9:
+            raise Fp8LinearError(
+                f"{where}: the blockwise (1x128 / 128x128) scaled_mm path is a Hopper (sm_90) path, this GPU "
+                f"is {cap[0]}.{cap[1]}; use recipe='mxfp8' (sm_100+) or 'rowwise'.")
+        if cfg.recipe == "mxfp8" and cap[0] < 10:
+            if cfg.mx_on_hopper == "blockwise":
+                return _Plan("blockwise", True, False, "triton")
+            return _Plan("mxfp8", True, True, "triton")
+        return _Plan(cfg.recipe, True, False, "triton")
+
+    # -- quantizers. An operand is a matrix quantized along its reduction dim, rows = output dim.
+
+    def act(self, x: torch.Tensor, axis: int) -> Any:
+        if self.recipe == "bf16":
+            return (x if axis == 1 else x.t()).to(torch.bfloat16)
+        if self.recipe == "mxfp8":
+            return mx.mx_quantize(x, axis, backend=self.backend)
+        if self.recipe == "blockwise":
+            return mx.quantize_1x128(x, axis, backend=self.backend)
+        return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis)
+
+    def act_both(self, x: torch.Tensor) -> tuple[Any, Any]:
+        if self.recipe == "mxfp8":
+            return mx.mx_quantize_both(x, backend=self.backend)
+        if self.recipe == "blockwise":
+            return mx.quantize_1x128_both(x, backend=self.backend)
+        return self.act(x, 1), self.act(x, 0)
+
+    def weight(self, w: torch.Tensor) -> tuple[Any, Any]:
+        """(operand for the forward [N, K], operand for the input gradient [K, N])."""
+        if self.recipe == "blockwise":
+            return mx.quantize_128x128(w, backend=self.backend)
+        return self.act_both(w)
+
+    # -- GEMM: a [m, r] x bt [n, r] -> [m, n]
+
+    def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype) -> torch.Tensor:
+        if not self.native:
+            return (_dequant(a) @ _dequant(bt).t()).to(out_dtype)
+        if self.recipe == "bf16":
+            return (a @ bt.t()).to(out_dtype)
+        if self.mx_hopper:
+            da = mx.mx_dequantize(a, torch.bfloat16, backend=self.backend)
+            db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
+            return (da @ db.t()).to(out_dtype)
+        return _scaled_mm(a, bt, self.recipe).to(out_dtype)
+
+
+def _pad16(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """Zero-pad the reduction dim to a multiple of 16 (cuBLAS FP8 leading-dimension rule)."""
+    n = x.shape[1 - axis]
+    pad = (-n) % 16
+    if pad == 0:
+        return x
+    return F.pad(x, (0, pad)) if axis == 1 else F.pad(x, (0, 0, 0, pad))
+
+
+def _dequant(op: Any) -> torch.Tensor:
+    if isinstance(op, mx.MXTensor):
+        return mx.mx_dequantize_ref(op)
+    if isinstance(op, mx.ScaledTensor):
+        return mx.dequantize_scaled(op)
+    return op.float()  # bf16 operand: exact in fp32
+
+
+def _round4_cols(s: torch.Tensor) -> torch.Tensor:
+    pad = (-s.shape[1]) % 4
+    return F.pad(s, (0, pad)) if pad else s
+
+
+def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales [rows, nb] -> the 32x4x4 swizzled layout BlockWise1x32 reads on sm_100+."""
+    rows, cols = scale.shape
+    nr, nc = -(-rows // 128), -(-cols // 4)
+    padded = F.pad(scale, (0, nc * 4 - cols, 0, nr * 128 - rows))
+    blocks = padded.view(nr, 128, nc, 4).permute(0, 2, 1, 3)
+    return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
+
+
+def _scaled_mm(a: Any, bt: Any, recipe: str) -> torch.Tensor:
+    st, sw = F.ScalingType, F.SwizzleType
+    if recipe == "rowwise":
+        return F.scaled_mm(a.data, bt.data.t(), a.scale, st.RowWise, bt.scale.t(), st.RowWise,
+                           output_dtype=torch.bfloat16)
+    if recipe == "blockwise":
+        if bt.kind == "128x128":  # scale [nb, kb] -> [L4, nb] column-major
+            sb, rb = _round4_cols(bt.scale).contiguous().t(), st.BlockWise128x128
+        else:
+            sb, rb = bt.scale, st.BlockWise1x128
+        return F.scaled_mm(a.data, bt.data.t(), a.scale, st.BlockWise1x128, sb, rb,
+                           output_dtype=torch.bfloat16)
+    e8 = torch.float8_e8m0fnu
+    return F.scaled_mm(a.data, bt.data.t(), _to_blocked(a.scale).view(e8), st.BlockWise1x32,
+                       _to_blocked(bt.scale).view(e8), st.BlockWise1x32,
+                       swizzle_a=sw.SWIZZLE_32_4_4, swizzle_b=sw.SWIZZLE_32_4_4, output_dtype=torch.bfloat16)
+
+
+def _check_native_shapes(plan: _Plan, m: int, k: int, n: int, where: str) -> None:
+    if not plan.native or plan.recipe == "bf16" or plan.mx_hopper:
+        return
+    need = 128 if plan.recipe == "blockwise" else (32 if plan.recipe == "mxfp8" else 16)
+    if k % need or n % need:
+        raise Fp8LinearError(
+            f"{where}: recipe {plan.recipe!r} needs in_features and out_features divisible by {need} "
+            f"(got {k} -> {n}); pick a multiple, keep this layer high precision, or set emulate=True.")
+
+
+def _hp_gemm(a: torch.Tensor, bt: torch.Tensor, prec: str, native: bool) -> torch.Tensor:
+    """High-precision a @ bt^T (wgrad kept in bf16 or fp32), fp32 result."""
+    dt = torch.bfloat16 if prec == "bf16" else torch.float32
+    if native:
+        return (a.to(dt) @ bt.to(dt).t()).float()
+    return a.to(dt).float() @ bt.to(dt).float().t()
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                cfg: Fp8Config, where: str) -> torch.Tensor:
+        plan = _Plan.make(cfg, x, where)
+        m, k = x.shape
+        n = w.shape[0]
+        _check_native_shapes(plan, m, k, n, where)
+        wgrad = plan.recipe if cfg.wgrad == "recipe" else cfg.wgrad
+        fp8_wgrad = cfg.wgrad == "recipe"  # same precision as the layer
+        need_wgrad = ctx.needs_input_grad[1]
+        if fp8_wgrad and need_wgrad:
+            xa, xt = plan.act_both(x)
+        else:
+            xa, xt = plan.act(x, 1), None
+        wa, wt = plan.weight(w)
+        y = plan.gemm(xa, wa, x.dtype)
+        if b is not None:
+            y = y + b.to(y.dtype)
+        ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
+        ctx.xt, ctx.wt, ctx.m = xt, wt, m
+        ctx.has_bias = b is not None
+        ctx.x_dtype, ctx.w_dtype = x.dtype, w.dtype
+        # high-precision wgrad keeps the input itself, not its FP8 copy
+        ctx.save_for_backward(x if (need_wgrad and not fp8_wgrad) else None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        plan: _Plan = ctx.plan
+        dy = dy.contiguous()
+        (x,) = ctx.saved_tensors
+        dx = dw = db = None
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dya = dyt = None
+        if ctx.fp8_wgrad and need_w:
+            dya, dyt = plan.act_both(dy)
+        elif need_x:
+            dya = plan.act(dy, 1)
+        if need_x:
+            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
+        if need_w:
+            if ctx.fp8_wgrad:
+                dw = plan.gemm(dyt, ctx.xt, torch.float32)
+            else:
+                dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
+            dw = dw.to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.float().sum(0)
+        ctx.xt = ctx.wt = None
+        return dx, dw, db, None, None
+
+
+class Fp8Linear(nn.Linear):
+    """``nn.Linear`` with FP8 (or bf16) GEMMs in forward and backward; same parameters and state_dict.
+
+    ``Fp8Linear(in, out, bias, recipe="blockwise", wgrad="recipe", emulate=False)``, or
+    ``Fp8Linear.from_linear(linear, config)`` to wrap an existing layer's parameters (shared, not copied).
+    Inputs of any leading shape ``[..., in_features]``; the output has the input's dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: torch.dtype | None = None, *, config: Fp8Config | None = None, **config_kwargs: Any):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        if config is not None and config_kwargs:
+            raise Fp8LinearError("Fp8Linear: pass either config= or recipe/wgrad/emulate keywords, not both")
+        self.config = config if config is not None else Fp8Config(**config_kwargs)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: Fp8Config) -> Fp8Linear:
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.config = config
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise Fp8LinearError(
+                f"Fp8Linear: input's last dim is {x.shape[-1]}, layer expects in_features={self.in_features}")
+        lead = x.shape[:-1]
+        y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
+                               f"Fp8Linear({self.in_features}->{self.out_features})")
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"{super().extra_repr()}, recipe={c.recipe}, wgrad={c.wgrad}, emulate={c.emulate}"

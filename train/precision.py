@@ -1,0 +1,170 @@
+"""Precision policy: which linear layers run in FP8 (and which recipe), which stay high precision.
+
+Contract with the model code
+----------------------------
+A block declares its kind with a plain attribute set in its ``__init__``::
+
+    class MlpBlock(nn.Module):
+        precision_kind = "mlp"          # or set self.precision_kind = "mlp"
+
+Kinds: ``"attention"``, ``"mlp"``, ``"interaction"`` (may run in FP8, per the policy) and
+``"embedding"``, ``"head"``, ``"norm"``, ``"loss"`` (always high precision). Every ``nn.Linear`` takes
+the kind of its nearest tagged ancestor (or its own tag); an untagged linear with no tagged ancestor
+stays as it is. A tag deeper in the tree wins, so a head inside an MLP block stays high precision.
+
+:func:`apply_precision_policy` swaps each ``nn.Linear`` of a kind whose recipe is not ``bf16`` for a
+:class:`kernels.fp8_linear.Fp8Linear` that shares its parameters (apply it before building the
+optimizer and before FSDP wrapping). It refuses, with :class:`PrecisionPolicyError`, a policy that
+asks for a recipe on a high-precision kind, an unknown kind, and a model that already holds an FP8
+layer under a high-precision kind. Kinds whose recipe is ``bf16`` keep ``nn.Linear`` (autocast decides). Recipes that need a GPU fail at the first forward on a CPU tensor
+unless ``emulate=True`` (the quantize/dequantize reference that tests use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from torch import nn
+
+from kernels.fp8_linear import RECIPES, WGRAD_PRECISIONS, Fp8Config, Fp8Linear
+
+FP8_KINDS = ("attention", "mlp", "interaction")
+HIGH_PRECISION_KINDS = ("embedding", "head", "norm", "loss")
+KIND_ATTR = "precision_kind"
+
+
+class PrecisionPolicyError(ValueError):
+    """A precision policy that is invalid, or that would put a high-precision layer in FP8."""
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``bf16``), weight-gradient
+    precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision."""
+
+    attention: str = "bf16"
+    mlp: str = "blockwise"
+    interaction: str = "blockwise"
+    wgrad: str = "recipe"
+    high_precision: tuple[str, ...] = HIGH_PRECISION_KINDS
+    emulate: bool = False
+    mx_on_hopper: str = "emulate"
+
+    def __post_init__(self) -> None:
+        for kind in FP8_KINDS:
+            recipe = getattr(self, kind)
+            if recipe not in RECIPES:
+                raise PrecisionPolicyError(
+                    f"PrecisionPolicy.{kind}: unknown recipe {recipe!r}; expected one of {RECIPES}")
+            if kind in self.high_precision and recipe != "bf16":
+                raise PrecisionPolicyError(
+                    f"PrecisionPolicy: kind {kind!r} is listed in high_precision but given recipe {recipe!r}; "
+                    "remove it from high_precision or set its recipe to 'bf16'")
+        if self.wgrad not in WGRAD_PRECISIONS:
+            raise PrecisionPolicyError(
+                f"PrecisionPolicy.wgrad: unknown precision {self.wgrad!r}; expected one of {WGRAD_PRECISIONS}")
+        missing = [k for k in HIGH_PRECISION_KINDS if k not in self.high_precision]
+        if missing:
+            raise PrecisionPolicyError(
+                f"PrecisionPolicy.high_precision must keep {list(HIGH_PRECISION_KINDS)}; missing {missing}")
+        unknown = [k for k in self.high_precision if k not in FP8_KINDS + HIGH_PRECISION_KINDS]
+        if unknown:
+            raise PrecisionPolicyError(
+                f"PrecisionPolicy.high_precision: unknown kinds {unknown}; "
+                f"known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
+        Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper)  # validates mx_on_hopper
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "precision") -> PrecisionPolicy:
+        """Build from a config mapping (YAML ``precision:`` section); ``where`` names it in errors."""
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(d) - known)
+        if extra:
+            raise PrecisionPolicyError(f"{where}: unknown keys {extra}; expected some of {sorted(known)}")
+        d = dict(d)
+        if "high_precision" in d:
+            d["high_precision"] = tuple(d["high_precision"])
+        try:
+            return cls(**d)
+        except PrecisionPolicyError as e:
+            raise PrecisionPolicyError(f"{where}: {e}") from None
+
+    def recipe_for(self, kind: str) -> str | None:
+        """The recipe for a kind, or None for a kind that stays high precision."""
+        if kind in self.high_precision:
+            return None
+        if kind in FP8_KINDS:
+            return getattr(self, kind)
+        raise PrecisionPolicyError(
+            f"unknown precision_kind {kind!r}; known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
+
+    def config_for(self, kind: str) -> Fp8Config | None:
+        recipe = self.recipe_for(kind)
+        if recipe is None:
+            return None
+        return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper)
+
+
+@dataclass
+class PolicyReport:
+    """What :func:`apply_precision_policy` did, by qualified module name."""
+
+    converted: dict[str, str] = field(default_factory=dict)  # name -> recipe
+    kept: dict[str, str] = field(default_factory=dict)  # name -> kind ("untagged" if none)
+
+
+def _kinds(model: nn.Module, policy: PrecisionPolicy) -> dict[str, str | None]:
+    """Qualified name -> effective kind (nearest tagged ancestor or self), None where untagged."""
+    out: dict[str, str | None] = {}
+
+    def walk(mod: nn.Module, name: str, inherited: str | None) -> None:
+        kind = getattr(mod, KIND_ATTR, None)
+        if kind is not None:
+            if not isinstance(kind, str):
+                raise PrecisionPolicyError(f"module {name or '<root>'}: {KIND_ATTR} must be a string, got {kind!r}")
+            policy.recipe_for(kind)  # raises on an unknown kind
+            inherited = kind
+        out[name] = inherited
+        for child_name, child in mod.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name, inherited)
+
+    try:
+        walk(model, "", None)
+    except PrecisionPolicyError as e:
+        raise PrecisionPolicyError(f"apply_precision_policy: {e}") from None
+    return out
+
+
+def apply_precision_policy(model: nn.Module, policy: PrecisionPolicy) -> PolicyReport:
+    """Swap ``nn.Linear`` for ``Fp8Linear`` in the FP8 kinds the policy names; in place. See module doc."""
+    kinds = _kinds(model, policy)
+    report = PolicyReport()
+    swaps: list[tuple[str, nn.Module, str, nn.Linear, Fp8Config]] = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear):
+            continue
+        kind = kinds.get(name)
+        cfg = policy.config_for(kind) if kind is not None else None
+        if isinstance(mod, Fp8Linear):  # built FP8 by hand: check it, retune it to the policy
+            if kind in policy.high_precision and mod.config.recipe != "bf16":
+                raise PrecisionPolicyError(
+                    f"apply_precision_policy: {name} is an Fp8Linear (recipe {mod.config.recipe!r}) under "
+                    f"kind {kind or 'untagged'!r}, which must stay high precision; build it as nn.Linear")
+            if cfg is not None and cfg.recipe != "bf16":
+                mod.config = cfg
+                report.converted[name] = cfg.recipe
+            continue
+        if cfg is None or cfg.recipe == "bf16":  # bf16 kinds stay nn.Linear (autocast decides)
+            report.kept[name] = kind or "untagged"
+            continue
+        if not name:
+            raise PrecisionPolicyError(
+                "apply_precision_policy: the root module itself is an nn.Linear; wrap it in a tagged block")
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        swaps.append((name, parent, attr, mod, cfg))
+    for name, parent, attr, mod, cfg in swaps:
+        setattr(parent, attr, Fp8Linear.from_linear(mod, cfg))
+        report.converted[name] = cfg.recipe
+    return report

@@ -1,0 +1,132 @@
+"""Fast scan of history lengths: reads ONE leaf column per sequence, never the other fields.
+
+A sequence is one `list<struct<fields>>` column, so all its fields share one offsets array; the
+length of every row's history is known from any one leaf. The scan reads, per row group, only the
+leaf with the smallest compressed size (usually a small dictionary-coded id such as an action type),
+through pyarrow's nested column projection (`read_row_group(columns=["history.list.element.x"])`),
+and keeps only the list lengths. Nothing else in the file is read beyond its footer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from features.schema import FeatureSchema
+from ingest.errors import BadFileError, DataError
+
+__all__ = ["LengthScan", "list_parquet_files", "open_parquet", "scan_lengths"]
+
+
+@dataclass
+class LengthScan:
+    """History lengths (as stored, before truncation to `max_length`) of every row, in file order."""
+
+    lengths: dict[str, np.ndarray]  # sequence name -> int64 [rows]
+    files: int = 0
+    row_groups: int = 0
+    rows: int = 0
+    leaf: dict[str, str] = field(default_factory=dict)  # sequence -> leaf column path that was read
+    compressed_bytes_read: int = 0  # compressed size of the column chunks read
+    seconds: float = 0.0
+
+
+def list_parquet_files(url: str | list[str], storage_options: dict | None = None):
+    """`(filesystem, [paths])` of the Parquet files at a URL: one file, a folder (recursive) or a glob."""
+    import fsspec
+
+    urls = [url] if isinstance(url, str) else list(url)
+    fs, paths = None, []
+    for u in urls:
+        fs_u, path = fsspec.core.url_to_fs(u, **(storage_options or {}))
+        fs = fs or fs_u
+        if any(ch in path for ch in "*?["):
+            found = sorted(fs_u.glob(path))
+        elif fs_u.isdir(path):
+            found = sorted(p for p in fs_u.find(path) if p.endswith((".parquet", ".parq", ".pq")))
+        elif fs_u.exists(path):
+            found = [path]
+        else:
+            raise DataError(f"{u}: no such file or folder (give a Parquet file, a folder of them or a glob)")
+        if not found:
+            raise DataError(f"{u}: no Parquet files found there (files must end in .parquet)")
+        paths += found
+    return fs, paths
+
+
+def open_parquet(fs, path: str) -> pq.ParquetFile:
+    """Opens a Parquet file; local files are memory-mapped, others read through fsspec."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    try:
+        if isinstance(fs, LocalFileSystem):
+            return pq.ParquetFile(path, memory_map=True)
+        return pq.ParquetFile(fs.open(path, "rb"))
+    except (OSError, pa.ArrowException) as e:
+        raise BadFileError(path, f"not a readable Parquet file: {e}", hint="check the path; remove or "
+                           "rewrite the file") from None
+
+
+def _leaf_for(pf: pq.ParquetFile, path: str, seq: str) -> tuple[int, str]:
+    """The cheapest leaf column (index, dotted path) of a sequence column in this file."""
+    md = pf.metadata
+    candidates = [i for i in range(md.num_columns) if md.schema.column(i).path.split(".")[0] == seq]
+    if not candidates:
+        raise BadFileError(path, f"column '{seq}' is missing (expected the sequence '{seq}' as "
+                           "list<struct<...>>)", hint="check the file against the schema with "
+                           "`gemtrain data inspect`")
+    top = pf.schema_arrow.field(seq).type
+    if not (pa.types.is_list(top) or pa.types.is_large_list(top)):
+        raise BadFileError(path, f"column '{seq}' has type {top}, expected a list<struct<...>>")
+
+    def size(i: int) -> int:
+        return sum(md.row_group(r).column(i).total_compressed_size for r in range(md.num_row_groups))
+
+    best = min(candidates, key=size)
+    return best, md.schema.column(best).path
+
+
+def _row_group_lengths(pf: pq.ParquetFile, rg: int, leaf_path: str) -> np.ndarray:
+    col = pf.read_row_group(rg, columns=[leaf_path], use_threads=False).column(0)
+    if col.num_chunks == 1:
+        chunk = col.chunk(0)
+        if chunk.null_count == 0 and chunk.offset == 0:
+            offsets = chunk.offsets.to_numpy()
+            return np.diff(offsets).astype(np.int64, copy=False)
+    lengths = pc.fill_null(pc.list_value_length(col), 0)  # a null history counts as empty
+    return lengths.to_numpy().astype(np.int64, copy=False)
+
+
+def scan_lengths(schema: FeatureSchema, url: str | list[str], storage_options: dict | None = None) -> LengthScan:
+    """Reads the history length of every row of every file at `url` (see the module docstring)."""
+    if not schema.sequences:
+        raise DataError(f"schema '{schema.name}' has no sequences: there are no history lengths to scan")
+    t0 = time.perf_counter()
+    fs, paths = list_parquet_files(url, storage_options)
+    parts: dict[str, list[np.ndarray]] = {s.name: [] for s in schema.sequences}
+    scan = LengthScan(lengths={})
+    for path in paths:
+        pf = open_parquet(fs, path)
+        md = pf.metadata
+        leaves = {s.name: _leaf_for(pf, path, s.name) for s in schema.sequences}
+        for name, (idx, leaf) in leaves.items():
+            scan.leaf[name] = leaf
+            scan.compressed_bytes_read += sum(md.row_group(r).column(idx).total_compressed_size
+                                              for r in range(md.num_row_groups))
+        for rg in range(md.num_row_groups):
+            for name, (_, leaf) in leaves.items():
+                try:
+                    parts[name].append(_row_group_lengths(pf, rg, leaf))
+                except (OSError, pa.ArrowException) as e:
+                    raise BadFileError(path, f"cannot read the history lengths: {e}", row_group=rg) from None
+        scan.files += 1
+        scan.row_groups += md.num_row_groups
+        scan.rows += md.num_rows
+    scan.lengths = {name: (np.concatenate(p) if p else np.zeros(0, np.int64)) for name, p in parts.items()}
+    scan.seconds = time.perf_counter() - t0
+    return scan

@@ -124,7 +124,7 @@ def _tile_kernel(
 
 @triton.jit
 def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
-                       TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr):
+                       TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr, BF16: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
@@ -142,7 +142,13 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
     xs = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
     out = tl.where(s == 255, float("nan"), v * xs)
-    tl.store(o_ptr + rr[:, None] * sor + cc[None, :], out.to(o_ptr.dtype.element_ty), mask=m)
+    if BF16:  # integer round-to-nearest-even, so subnormals round the same on every backend
+        b = out.to(tl.int32, bitcast=True)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(out != out, 0x7FC0, r)
+        tl.store(o_ptr + rr[:, None] * sor + cc[None, :], r.to(tl.int16), mask=m)
+    else:
+        tl.store(o_ptr + rr[:, None] * sor + cc[None, :], out, mask=m)
 
 
 def _ceil_to(n: int, m: int) -> int:
@@ -219,11 +225,14 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
                   dtype: torch.dtype) -> torch.Tensor:
     """Decode MXFP8 (data [R, Cp] e4m3, scale [R, Cp/32] uint8) to ``dtype`` [R, C]."""
     r, c = shape
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"mx_dequantize: output dtype must be float32 or bfloat16, got {dtype}")
+    bf16 = dtype == torch.bfloat16
     out = torch.empty(r, c, dtype=dtype, device=data.device)
     q = data.view(torch.uint8)
     tr, tc = 32, 128
     _mx_dequant_kernel[(triton.cdiv(r, tr), triton.cdiv(c, tc))](
-        q, q.stride(0), scale, scale.stride(0), out, out.stride(0), r, c,
-        TR=tr, TC=tc, BLK=32, num_warps=4,
+        q, q.stride(0), scale, scale.stride(0), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
+        TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=4,
     )
     return out

@@ -34,7 +34,7 @@ window.addEventListener('load', function () {
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars", "--virtual-time-budget=5000"]
+         "--disable-dev-shm-usage", "--hide-scrollbars", "--virtual-time-budget=2000"]
 
 
 def chromium() -> str:

@@ -1,0 +1,126 @@
+"""Reading Parquet: footers once (in parallel), row groups with retries, checksums and pre-buffering.
+
+Transient storage errors (connection drops, timeouts, 5xx answers surfacing as OSError or botocore
+errors) are retried with exponential backoff. Errors that say the bytes themselves are bad
+(checksum, corrupt metadata, Arrow invalid data) are not retried: they become `BadFileError`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from features.arrow import check_arrow_schema
+from ingest.errors import BadFileError
+from ingest.listing import FileRef
+
+T = TypeVar("T")
+
+_PERMANENT_MARKERS = ("checksum", "corrupt", "invalid", "must be", "magic bytes", "not a parquet",
+                      "couldn't deserialize", "unexpected end", "out of bounds")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    base_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+
+
+def _transient(e: BaseException) -> bool:
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if isinstance(e, pa.ArrowInvalid):
+        return False
+    msg = str(e).lower()
+    if any(m in msg for m in _PERMANENT_MARKERS):
+        return False
+    if isinstance(e, (OSError, TimeoutError, ConnectionError)):
+        return True
+    mod = type(e).__module__ or ""
+    return mod.startswith(("botocore", "aiobotocore", "aiohttp", "urllib3"))
+
+
+def with_retries(fn: Callable[[], T], policy: RetryPolicy, on_retry: Callable[[BaseException], None] | None = None) -> T:
+    """Calls `fn`, retrying transient storage errors with exponential backoff and jitter."""
+    for attempt in range(policy.attempts):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - classified below, re-raised when not transient
+            if not _transient(e) or attempt == policy.attempts - 1:
+                raise
+            if on_retry is not None:
+                on_retry(e)
+            delay = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
+            time.sleep(delay * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def _open(ref: FileRef, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    fh = ref.fs.open(ref.path, "rb")
+    return pq.ParquetFile(fh, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
+
+
+@dataclass
+class Footer:
+    """One file's footer, or why it could not be used."""
+
+    ref: FileRef
+    metadata: pq.FileMetaData | None
+    row_group_rows: tuple[int, ...] = ()
+    error: str | None = None
+    rows: int | None = None  # rows in the file when known (a bad file's lost rows)
+
+
+def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy) -> Footer:
+    """The footer of `ref`, its row-group sizes, and the check of its schema against `expected`."""
+    def load() -> pq.FileMetaData:
+        with ref.fs.open(ref.path, "rb") as fh:
+            return pq.ParquetFile(fh).metadata
+
+    try:
+        md = with_retries(load, policy)
+    except Exception as e:  # noqa: BLE001 - any failure makes the file bad; the reason is kept
+        return Footer(ref, None, error=f"cannot read the Parquet footer: {type(e).__name__}: {e}")
+    rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+    try:
+        found = md.schema.to_arrow_schema()
+    except Exception as e:  # noqa: BLE001
+        return Footer(ref, None, rows, error=f"cannot map the Parquet schema to Arrow: {e}", rows=md.num_rows)
+    problems = check_arrow_schema(expected, found)
+    if problems:
+        return Footer(ref, None, rows, rows=md.num_rows,
+                      error="schema mismatch: " + "; ".join(str(p) for p in problems[:5])
+                      + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+    return Footer(ref, md, rows, rows=md.num_rows)
+
+
+def read_footers(refs: list[FileRef], expected: pa.Schema, policy: RetryPolicy, threads: int = 16) -> list[Footer]:
+    """Footers of all files, fetched in parallel, in the order of `refs`."""
+    if len(refs) <= 1:
+        return [read_footer(r, expected, policy) for r in refs]
+    with ThreadPoolExecutor(max_workers=min(threads, len(refs))) as ex:
+        return list(ex.map(lambda r: read_footer(r, expected, policy), refs))
+
+
+def read_row_group(ref: FileRef, metadata: pq.FileMetaData, row_group: int, columns: list[str],
+                   policy: RetryPolicy, on_retry: Callable[[BaseException], None] | None = None) -> pa.Table:
+    """One row group (projected to `columns`); raises BadFileError when it cannot be read."""
+    def load() -> pa.Table:
+        pf = _open(ref, metadata)
+        try:
+            return pf.read_row_group(row_group, columns=columns, use_threads=False)
+        finally:
+            pf.close()
+
+    try:
+        return with_retries(load, policy, on_retry)
+    except Exception as e:  # noqa: BLE001 - reported with the file and row group
+        raise BadFileError(ref.url, f"cannot read: {type(e).__name__}: {e}", row_group=row_group) from e

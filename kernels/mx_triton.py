@@ -136,8 +136,8 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     mant = c & 7
     sign = (c & 0x80) << 24
     normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
-    sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact
-    sub = tl.where((c & 0x80) != 0, -sub, sub)
+    sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact; sign set by bits (keeps -0.0)
+    sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     v = tl.where(e == 0, sub, normal)
     v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
     xs = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)

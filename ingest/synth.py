@@ -2,8 +2,9 @@
 
 Everything is derived from the schema, so any schema works:
 
-- Rows are generated in fixed chunks of `CHUNK_ROWS`, each seeded by `(seed, chunk index)`, so
-  the data for a seed does not depend on how it is split into files and row groups.
+- Rows are generated in fixed chunks (`chunk_rows(schema)` rows: at most `CHUNK_ROWS`, fewer for
+  long histories), each seeded by `(seed, chunk index)`, so the data for a seed does not depend on
+  how it is split into files and row groups.
 - History lengths are lognormal, clipped to `[0, max_length]`, with a few empty histories; the
   lognormal mean is chosen so that padding a batch of `PAD_BATCH` rows to its longest history
   would waste about half of the padded box.
@@ -30,8 +31,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -43,6 +45,7 @@ from features.hashing import splitmix64
 from features.schema import FeatureSchema, LabelSpec
 
 CHUNK_ROWS = 4096
+CHUNK_EVENTS = 1 << 20  # expected history events per chunk, at most
 PAD_BATCH = 256  # the batch size the padding-waste target refers to
 TARGET_WASTE = 0.5
 LENGTH_SIGMA = 1.0
@@ -84,6 +87,7 @@ class _LabelModel:
 class _Plan:
     schema: FeatureSchema
     lengths: dict[str, tuple[float, float]]  # sequence -> lognormal (mu, sigma)
+    chunk_rows: int
     signal: _Signal | None
     labels: list[_LabelModel]  # in dependency order (a mask label before the labels it masks)
 
@@ -171,7 +175,11 @@ def _make_plan(schema: FeatureSchema) -> _Plan:
         del rng
         models.append(m)
     lengths = {s.name: length_params(s.max_length) for s in schema.sequences}
-    return _Plan(schema, lengths, signal, models)
+    events_per_row = sum(math.exp(mu + sigma**2 / 2) for mu, sigma in lengths.values())
+    rows = CHUNK_ROWS
+    while rows > 64 and rows * events_per_row > CHUNK_EVENTS:
+        rows //= 2
+    return _Plan(schema, lengths, rows, signal, models)
 
 
 _PLANS: dict[int, tuple[FeatureSchema, _Plan]] = {}
@@ -221,7 +229,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _chunk(plan: _Plan, seed: int, chunk: int) -> tuple[dict[str, pa.Array], _Truth]:
-    schema, n = plan.schema, CHUNK_ROWS
+    schema, n = plan.schema, plan.chunk_rows
     rng = np.random.default_rng([seed, chunk])
     cols: dict[str, pa.Array] = {}
     values: dict[str, np.ndarray] = {}  # non-sequential feature values (indices before hashing)
@@ -350,8 +358,13 @@ _META_ARROW = {"int64": pa.int64(), "int32": pa.int32(), "float32": pa.float32()
 # ---- public API ---------------------------------------------------------------------------------
 
 
-def _chunks(start_row: int, rows: int) -> range:
-    return range(start_row // CHUNK_ROWS, -(-(start_row + rows) // CHUNK_ROWS))
+def _chunks(start_row: int, rows: int, chunk_rows: int) -> range:
+    return range(start_row // chunk_rows, -(-(start_row + rows) // chunk_rows))
+
+
+def chunk_rows(schema: FeatureSchema) -> int:
+    """Rows per independently seeded chunk (aligning row groups to it avoids regenerating rows)."""
+    return _plan(schema).chunk_rows
 
 
 def _check(rows: int, seed: int, start_row: int = 0) -> None:
@@ -361,6 +374,26 @@ def _check(rows: int, seed: int, start_row: int = 0) -> None:
         raise GemtrainError(f"the seed must be >= 0, got {seed}")
 
 
+_TABLES: OrderedDict = OrderedDict()  # (plan id, seed, chunk) -> Table: row groups often share a chunk
+_TABLES_LOCK = threading.Lock()
+
+
+def _chunk_table(plan: _Plan, seed: int, chunk: int) -> pa.Table:
+    key = (id(plan), seed, chunk)
+    with _TABLES_LOCK:
+        hit = _TABLES.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    cols, _ = _chunk(plan, seed, chunk)
+    arrow_schema = plan.schema.arrow_schema()
+    table = pa.Table.from_arrays([cols[n] for n in arrow_schema.names], schema=arrow_schema)
+    with _TABLES_LOCK:
+        _TABLES[key] = (plan, table)
+        while len(_TABLES) > 4:
+            _TABLES.popitem(last=False)
+    return table
+
+
 def generate_table(schema: FeatureSchema, rows: int, *, seed: int, start_row: int = 0) -> pa.Table:
     """Rows `[start_row, start_row + rows)` of the synthetic dataset for `seed`.
 
@@ -368,15 +401,11 @@ def generate_table(schema: FeatureSchema, rows: int, *, seed: int, start_row: in
     """
     _check(rows, seed, start_row)
     plan = _plan(schema)
-    arrow_schema = schema.arrow_schema()
-    tables = []
-    for c in _chunks(start_row, rows):
-        cols, _ = _chunk(plan, seed, c)
-        tables.append(pa.Table.from_arrays([cols[n] for n in arrow_schema.names], schema=arrow_schema))
-    if not tables:
-        return arrow_schema.empty_table()
-    table = pa.concat_tables(tables)
-    return table.slice(start_row - _chunks(start_row, rows)[0] * CHUNK_ROWS, rows)
+    chunks = _chunks(start_row, rows, plan.chunk_rows)
+    if not chunks:
+        return schema.arrow_schema().empty_table()
+    table = pa.concat_tables([_chunk_table(plan, seed, c) for c in chunks])
+    return table.slice(start_row - chunks[0] * plan.chunk_rows, rows)
 
 
 def write_synthetic(schema: FeatureSchema, url: str, rows: int, *, seed: int = 0, files: int = 4,
@@ -436,8 +465,9 @@ ROW_GROUP_BYTES = 128 << 20
 
 def default_row_group_rows(schema: FeatureSchema, rows_per_file: int) -> int:
     """A quarter of a file, capped at about `ROW_GROUP_BYTES` of Arrow data per row group."""
-    bytes_per_row = max(1, generate_table(schema, CHUNK_ROWS, seed=0).nbytes // CHUNK_ROWS)
-    cap = max(CHUNK_ROWS, ROW_GROUP_BYTES // bytes_per_row // CHUNK_ROWS * CHUNK_ROWS)
+    n = chunk_rows(schema)
+    bytes_per_row = max(1, generate_table(schema, n, seed=0).nbytes // n)
+    cap = max(n, ROW_GROUP_BYTES // bytes_per_row // n * n)
     return max(1, min(cap, -(-rows_per_file // 4)))
 
 
@@ -521,7 +551,7 @@ def signal_report(schema: FeatureSchema, rows: int = 100_000, *, seed: int = 0,
     """
     _check(rows, seed)
     plan = _plan(schema)
-    truths = [_chunk(plan, seed, c)[1] for c in _chunks(0, max(rows, 1))]
+    truths = [_chunk(plan, seed, c)[1] for c in _chunks(0, max(rows, 1), plan.chunk_rows)]
     cat = lambda get: np.concatenate([get(t) for t in truths])[:rows]  # noqa: E731
     s = cat(lambda t: t.s)
     s_q = np.quantile(s, (np.arange(quantiles) + 0.5) / quantiles)

@@ -19,7 +19,9 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/gemtrain demo configs/demo.yaml
 
+# The report tests render HTML in headless Chromium (Debian's package; needs root or sudo).
 test: $(STAMP)
+	bash .ci/install-chromium.sh || echo "warning: chromium could not be installed; the browser tests will fail"
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)

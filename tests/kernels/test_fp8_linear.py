@@ -1,0 +1,130 @@
+"""Fp8Linear on CPU (emulated recipes): outputs and gradients against a float64 linear within stated
+bounds, the emulation equal to a GEMM of independently quantized operands, and the errors it raises."""
+
+import pytest
+import torch
+from torch import nn
+
+from kernels import mx
+from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, _to_blocked
+
+FP8_RECIPES = ["mxfp8", "blockwise", "rowwise"]
+M, K, N = 200, 256, 128  # tokens not a multiple of 128: the padded weight-gradient path is covered
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    x = x.clone().requires_grad_()
+    for p in lin.parameters():
+        p.grad = None
+    y = lin(x)
+    y.backward(dy)
+    return y.detach(), x.grad, lin.weight.grad.clone(), lin.bias.grad.clone()
+
+
+@pytest.fixture(scope="module")
+def case():
+    torch.manual_seed(0)
+    base = nn.Linear(K, N)
+    x, dy = torch.randn(M, K), torch.randn(M, N)
+    xd = x.double().requires_grad_()
+    wd = base.weight.detach().double().requires_grad_()
+    yd = xd @ wd.t() + base.bias.detach().double()
+    yd.backward(dy.double())
+    return base, x, dy, (yd.detach(), xd.grad, wd.grad, dy.double().sum(0))
+
+
+# Bounds: e4m3 RNE error is <= 2^-4 relative per operand element (~2.7% RMS measured on Gaussians);
+# a product of two such operands over a long reduction lands near sqrt(2) * 2.7% ~ 3.8% (MX saturation
+# adds a little: ~5.8% measured). bf16: 8 bits, ~0.3%.
+BOUND = {"mxfp8": 0.075, "blockwise": 0.05, "rowwise": 0.05, "bf16": 0.006}
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES + ["bf16"])
+def test_outputs_and_gradients_within_bounds(case, recipe):
+    base, x, dy, ref = case
+    got = run(Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, emulate=True)), x, dy)
+    for name, a, b in zip(("y", "dx", "dW"), got[:3], ref[:3]):
+        assert rel(a, b) < BOUND[recipe], (recipe, name, rel(a, b))
+        assert rel(a, b) > 1e-4, (recipe, name)  # the quantization really happened
+    assert torch.allclose(got[3].double(), ref[3], atol=1e-4)  # bias gradient: plain fp32 sum
+
+
+@pytest.mark.parametrize("wgrad,bound", [("fp32", 1e-5), ("bf16", BOUND["bf16"])])
+@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise"])
+def test_high_precision_weight_gradient(case, recipe, wgrad, bound):
+    base, x, dy, ref = case
+    y, dx, dw, _ = run(Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, wgrad=wgrad, emulate=True)), x, dy)
+    assert rel(dw, ref[2]) < bound
+    assert rel(dx, ref[1]) > 1e-3  # the other GEMMs stay in FP8
+
+
+def test_emulation_is_the_gemm_of_quantized_operands(case):
+    base, x, dy, _ = case
+    w = base.weight.detach()
+    y, dx, dw, _ = run(Fp8Linear.from_linear(base, Fp8Config(recipe="mxfp8", emulate=True)), x, dy)
+    dq = mx.mx_dequantize_ref
+    assert torch.allclose(y, dq(mx.mx_quantize_ref(x)) @ dq(mx.mx_quantize_ref(w)).t() + base.bias, atol=1e-5)
+    assert torch.allclose(dx, dq(mx.mx_quantize_ref(dy)) @ dq(mx.mx_quantize_ref(w, axis=0)).t(), atol=1e-5)
+    assert torch.allclose(dw, dq(mx.mx_quantize_ref(dy, axis=0)) @ dq(mx.mx_quantize_ref(x, axis=0)).t(), atol=1e-4)
+    y2, dx2, dw2, _ = run(Fp8Linear.from_linear(base, Fp8Config(recipe="blockwise", emulate=True)), x, dy)
+    wq, wtq = mx.quantize_128x128_ref(w)
+    ds = mx.dequantize_scaled
+    assert torch.allclose(y2, ds(mx.quantize_1x128_ref(x)) @ ds(wq).t() + base.bias, atol=1e-5)
+    assert torch.allclose(dx2, ds(mx.quantize_1x128_ref(dy)) @ ds(wtq).t(), atol=1e-5)
+
+
+def test_drop_in_for_nn_linear():
+    torch.manual_seed(1)
+    base = nn.Linear(64, 32)
+    lin = Fp8Linear.from_linear(base, Fp8Config(recipe="rowwise", emulate=True))
+    assert lin.weight is base.weight and lin.bias is base.bias
+    assert isinstance(lin, nn.Linear) and list(lin.state_dict()) == list(base.state_dict())
+    fresh = Fp8Linear(64, 32, recipe="blockwise", emulate=True)
+    fresh.load_state_dict(base.state_dict())
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)  # any leading shape, dtype kept
+    y = fresh(x)
+    assert y.shape == (3, 5, 32) and y.dtype == torch.bfloat16
+    assert rel(y.float(), base(x.float())) < 0.06
+    assert "recipe=blockwise" in repr(fresh)
+
+
+def test_nan_input_reaches_the_output():
+    torch.manual_seed(2)
+    lin = Fp8Linear(64, 16, recipe="mxfp8", emulate=True)
+    x = torch.randn(4, 64)
+    x[1, 3] = float("nan")
+    y = lin(x)
+    assert y[1].isnan().all() and not y[[0, 2, 3]].isnan().any()
+
+
+def test_gpu_recipes_fail_clearly_on_cpu():
+    x = torch.randn(4, 128)
+    for recipe in FP8_RECIPES:
+        with pytest.raises(Fp8LinearError, match="emulate=True"):
+            Fp8Linear(128, 128, recipe=recipe)(x)
+    assert Fp8Linear(128, 128, recipe="bf16")(x).shape == (4, 128)  # bf16 needs no GPU
+
+
+def test_config_validation():
+    with pytest.raises(Fp8LinearError, match="recipe"):
+        Fp8Config(recipe="fp4")
+    with pytest.raises(Fp8LinearError, match="wgrad"):
+        Fp8Config(wgrad="fp8e5m2")
+    with pytest.raises(Fp8LinearError, match="mx_on_hopper"):
+        Fp8Config(mx_on_hopper="native")
+    with pytest.raises(Fp8LinearError, match="in_features=16"):
+        Fp8Linear(16, 8, recipe="bf16")(torch.randn(2, 32))
+
+
+def test_mx_scale_swizzle_is_a_padded_permutation():
+    """The sm_100 scale layout (32x4x4 blocks): same values, padded to 128 rows x 4 columns."""
+    s = torch.arange(200 * 6, dtype=torch.int32).reshape(200, 6)
+    b = _to_blocked(s)
+    assert b.numel() == 256 * 8
+    assert torch.equal(b.sort().values[-s.numel():], s.flatten())
+    assert b[:4].tolist() == [0, 1, 2, 3] and b[4].item() == s[32, 0].item()

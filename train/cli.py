@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "train.commands.data_cmd",
     "train.commands.launch_cmd",
     "train.commands.report_cmd",
+    "train.commands.events_cmd",
 ]
 
 

@@ -1,0 +1,111 @@
+"""Precision policy: FP8 only in the kinds it names, high-precision kinds enforced, clear errors."""
+
+import pytest
+import torch
+from torch import nn
+
+from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError
+from train.precision import PrecisionPolicy, PrecisionPolicyError, apply_precision_policy
+
+
+class Tagged(nn.Sequential):
+    def __init__(self, kind: str, *mods: nn.Module):
+        super().__init__(*mods)
+        self.precision_kind = kind
+
+
+class Toy(nn.Module):
+    """Stand-in for the model: tagged blocks as the model code declares them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_proj = Tagged("embedding", nn.Linear(32, 64))
+        self.attn = Tagged("attention", nn.Linear(64, 64), nn.Linear(64, 64))
+        # an MLP block holding a nested head: the deeper tag wins
+        self.mlp = Tagged("mlp", nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), Tagged("head", nn.Linear(64, 64)))
+        self.inter = Tagged("interaction", nn.Linear(64, 64))
+        self.norm = Tagged("norm", nn.LayerNorm(64))
+        self.head = Tagged("head", nn.Linear(64, 2))
+        self.extra = nn.Linear(2, 2)  # untagged: left alone
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed_proj(x)
+        h = self.norm(h + self.attn(h))
+        h = h + self.mlp(h)
+        return self.extra(self.head(self.inter(h)))
+
+
+def linear_types(model: nn.Module) -> dict[str, str]:
+    return {n: (m.config.recipe if isinstance(m, Fp8Linear) else "linear")
+            for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def test_policy_converts_named_kinds_and_keeps_high_precision():
+    torch.manual_seed(0)
+    model = Toy()
+    params_before = {n: p for n, p in model.named_parameters()}
+    policy = PrecisionPolicy(attention="rowwise", mlp="blockwise", interaction="mxfp8", emulate=True)
+    report = apply_precision_policy(model, policy)
+    assert linear_types(model) == {
+        "embed_proj.0": "linear", "attn.0": "rowwise", "attn.1": "rowwise", "mlp.0": "blockwise",
+        "mlp.2": "blockwise", "mlp.3.0": "linear", "inter.0": "mxfp8", "head.0": "linear", "extra": "linear",
+    }
+    assert report.converted == {"attn.0": "rowwise", "attn.1": "rowwise", "mlp.0": "blockwise",
+                                "mlp.2": "blockwise", "inter.0": "mxfp8"}
+    assert report.kept == {"embed_proj.0": "embedding", "mlp.3.0": "head", "head.0": "head", "extra": "untagged"}
+    for n, p in model.named_parameters():  # same Parameter objects: optimizers and checkpoints unaffected
+        assert p is params_before[n]
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in report.kept)
+
+
+def test_converted_model_trains_close_to_the_original():
+    torch.manual_seed(1)
+    model = Toy()
+    x = torch.randn(48, 32)
+    ref = model(x).detach()
+    apply_precision_policy(model, PrecisionPolicy(attention="blockwise", mlp="mxfp8", wgrad="bf16", emulate=True))
+    y = model(x)
+    assert float((y.detach() - ref).norm() / ref.norm()) < 0.1
+    y.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_bf16_kinds_stay_nn_linear():
+    model = Toy()
+    apply_precision_policy(model, PrecisionPolicy(attention="bf16", mlp="bf16", interaction="rowwise", emulate=True))
+    assert [n for n, r in linear_types(model).items() if r != "linear"] == ["inter.0"]
+
+
+def test_refuses_fp8_for_high_precision_kinds():
+    with pytest.raises(PrecisionPolicyError, match="high_precision"):
+        PrecisionPolicy(mlp="blockwise", high_precision=("embedding", "head", "norm", "loss", "mlp"))
+    with pytest.raises(PrecisionPolicyError, match="missing"):
+        PrecisionPolicy(high_precision=("embedding", "norm", "loss"))
+    model = Toy()
+    model.head[0] = Fp8Linear.from_linear(model.head[0], Fp8Config(recipe="blockwise", emulate=True))
+    with pytest.raises(PrecisionPolicyError, match=r"head\.0.*'head'"):
+        apply_precision_policy(model, PrecisionPolicy(emulate=True))
+
+
+def test_unknown_kind_is_named():
+    model = Toy()
+    model.inter.precision_kind = "moe"
+    with pytest.raises(PrecisionPolicyError, match="'moe'"):
+        apply_precision_policy(model, PrecisionPolicy())
+
+
+def test_gpu_recipe_fails_clearly_on_cpu_unless_emulated():
+    model = Toy()
+    apply_precision_policy(model, PrecisionPolicy(mlp="blockwise"))  # conversion itself is device-free
+    with pytest.raises(Fp8LinearError, match="emulate=True"):
+        model(torch.randn(4, 32))
+
+
+def test_from_config_mapping():
+    p = PrecisionPolicy.from_dict({"mlp": "mxfp8", "wgrad": "fp32", "emulate": True,
+                                   "high_precision": ["embedding", "head", "norm", "loss"]})
+    assert p.mlp == "mxfp8" and p.wgrad == "fp32" and p.high_precision == ("embedding", "head", "norm", "loss")
+    with pytest.raises(PrecisionPolicyError, match="configs/x.yaml:precision: unknown keys"):
+        PrecisionPolicy.from_dict({"mpl": "mxfp8"}, where="configs/x.yaml:precision")
+    with pytest.raises(PrecisionPolicyError, match="precision: PrecisionPolicy.mlp: unknown recipe 'fp4'"):
+        PrecisionPolicy.from_dict({"mlp": "fp4"})

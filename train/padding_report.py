@@ -133,24 +133,29 @@ def token_width(schema: FeatureSchema | None, seq: SequenceSpec | None) -> int:
 # ---- from lengths ---------------------------------------------------------------------------
 
 
-def batch_starts(lengths: np.ndarray, batch_size: int | None, token_budget: int | None) -> np.ndarray:
-    """Start index of every batch over consecutive rows.
+def batch_groups(events: np.ndarray, batch_size: int | None, token_budget: int | None,
+                 window_rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """How rows form batches: `(order, starts)`: batch k holds rows `order[starts[k]:starts[k+1]]`.
 
-    `batch_size`: B rows per batch (the last one may be short). `token_budget`: a batch closes before
-    the row that would take its real events past the budget; a row longer than the budget is a batch alone.
+    `batch_size` only: B consecutive rows per batch (the last one may be short). With `token_budget`:
+    as the loader does (`ingest.batching.token_batches`): within each window of `window_rows`
+    consecutive rows, rows are grouped so that each batch holds at most `token_budget` events
+    (`events`: per row, after truncation, summed over sequences) and at most `batch_size` rows.
     """
-    n = int(lengths.size)
-    if n == 0:
-        return np.zeros(0, np.int64)
+    n = int(events.size)
     if token_budget is None:
-        return np.arange(0, n, batch_size or n, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    starts, i = [], 0
-    while i < n:
-        starts.append(i)
-        j = int(np.searchsorted(cum, cum[i] + token_budget, side="right")) - 1  # rows [i, j) fit
-        i = max(j, i + 1)
-    return np.asarray(starts, np.int64)
+        return np.arange(n, dtype=np.int64), np.arange(0, n, batch_size or max(n, 1), dtype=np.int64)
+    from ingest.batching import token_batches
+
+    order, starts, pos = [], [], 0
+    for w0 in range(0, n, window_rows):
+        for idx in token_batches(events[w0:w0 + window_rows], token_budget, batch_size or window_rows):
+            starts.append(pos)
+            order.append(idx + w0)
+            pos += len(idx)
+    if not order:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(order).astype(np.int64), np.asarray(starts, np.int64)
 
 
 def _bucket(lengths: np.ndarray, max_length: int) -> np.ndarray:
@@ -178,15 +183,15 @@ def _log2_histogram(lengths: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 def sequence_report_from_lengths(name: str, stored: np.ndarray, max_length: int, width: int,
-                                 batch_size: int | None, token_budget: int | None) -> SequenceReport:
+                                 order: np.ndarray, starts: np.ndarray) -> SequenceReport:
+    """One sequence's numbers; batches are given by `batch_groups` (shared by all sequences)."""
     stored = np.asarray(stored, np.int64)
     eff = np.minimum(stored, max_length)
     n = int(eff.size)
     real = int(eff.sum())
     real_pairs = int((eff * eff).sum())
-    starts = batch_starts(eff, batch_size, token_budget)
     if n:
-        bmax = np.maximum.reduceat(eff, starts)
+        bmax = np.maximum.reduceat(eff[order], starts)
         bcount = np.diff(np.append(starts, n))
         bm_events, bm_pairs = int((bcount * bmax).sum()), int((bcount * bmax * bmax).sum())
     else:
@@ -211,18 +216,25 @@ def sequence_report_from_lengths(name: str, stored: np.ndarray, max_length: int,
 
 
 def report_from_lengths(schema: FeatureSchema, lengths: dict[str, np.ndarray], *, batch_size: int | None = None,
-                        token_budget: int | None = None, token_dim: int | None = None, bytes_per_value: int = 4,
-                        source: str = "", title: str | None = None) -> PaddingReport:
+                        token_budget: int | None = None, window_rows: int = 8192, token_dim: int | None = None,
+                        bytes_per_value: int = 4, source: str = "", title: str | None = None) -> PaddingReport:
     """The padding report of a dataset from its per-row history lengths (see the module docstring)."""
     if batch_size is None and token_budget is None:
         raise ValueError("give batch_size or token_budget")
+    from ingest.batching import row_events
+
+    events = row_events([np.asarray(lengths[s.name]) for s in schema.sequences],
+                        [s.max_length for s in schema.sequences])
+    order, starts = batch_groups(events, batch_size, token_budget, window_rows)
     seqs = []
     for seq in schema.sequences:
         width = token_dim or token_width(schema, seq)
-        seqs.append(sequence_report_from_lengths(seq.name, lengths[seq.name], seq.max_length, width,
-                                                 batch_size, token_budget))
-    batching = (f"consecutive rows, batches of {batch_size} rows" if token_budget is None
-                else f"consecutive rows, batches of at most {token_budget} real events (token budget)")
+        seqs.append(sequence_report_from_lengths(seq.name, lengths[seq.name], seq.max_length, width, order, starts))
+    if token_budget is None:
+        batching = f"consecutive rows, batches of {batch_size} rows"
+    else:
+        batching = (f"token budget {token_budget} events per batch" + (f", at most {batch_size} rows" if batch_size
+                    else "") + f", rows grouped by length within windows of {window_rows} rows (as the loader does)")
     rows = seqs[0].rows if seqs else 0
     return PaddingReport(title=title or f"Padding report: {schema.name}", source=source, batching=batching,
                          sequences=seqs, bytes_per_value=bytes_per_value, rows=rows)

@@ -81,13 +81,15 @@ def test_batch_size_numbers_match_hand_computation(schema8):
     assert "15.0%" in table and "pad to batch max" in table
 
 
-def test_token_budget_batches(schema8):
+def test_token_budget_batches_like_the_loader(schema8):
     r = report_from_lengths(schema8, {"history": np.array(LENGTHS)}, token_budget=8)
     bm = r.sequences[0].strategy(BATCH_MAX)
-    # Budget 8 over eff [0,1,3,5,8]: [0,1,3] (4 events) | [5] (4+5 > 8) | [8].
-    assert (bm.events, bm.attn_pairs) == (3 * 3 + 5 + 8, 3 * 9 + 25 + 64)
-
-
+    # ingest.batching.token_batches over eff [0,1,3,5,8], budget 8: k = ceil(17/8) = 3 batches dealt
+    # serpentine by length: {8} {5, 0} {3, 1}.
+    assert (bm.events, bm.attn_pairs) == (8 + 2 * 5 + 2 * 3, 64 + 2 * 25 + 2 * 9)
+    capped = report_from_lengths(schema8, {"history": np.array(LENGTHS)}, token_budget=100, batch_size=2)
+    # A budget that never binds, but at most 2 rows per batch: again 3 batches, the same grouping.
+    assert capped.sequences[0].strategy(BATCH_MAX).events == 8 + 2 * 5 + 2 * 3
 def test_default_token_width_is_summed_table_dims(schema8):
     r = report_from_lengths(schema8, {"history": np.array(LENGTHS)}, batch_size=2)
     assert r.sequences[0].token_width == 3 + 1

@@ -7,7 +7,7 @@ import sys
 
 from train.cli import Command
 
-DEFAULT_BATCH_SIZE = 1024
+DEFAULT_BATCH_SIZE = 256  # the loader's default (LoaderConfig.batch_size)
 
 
 def positive_int(text: str) -> int:

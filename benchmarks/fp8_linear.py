@@ -28,6 +28,7 @@ VARIANTS = [  # (label, config kwargs)
     ("bf16 (ours)", dict(recipe="bf16")),
     ("rowwise", dict(recipe="rowwise")),
     ("blockwise", dict(recipe="blockwise")),
+    ("blockwise, wgrad x 128x128", dict(recipe="blockwise", blockwise_wgrad="128x128")),
     ("blockwise wgrad=bf16", dict(recipe="blockwise", wgrad="bf16")),
     ("rowwise wgrad=bf16", dict(recipe="rowwise", wgrad="bf16")),
     ("mxfp8 (hopper: emulate)", dict(recipe="mxfp8", mx_on_hopper="emulate")),

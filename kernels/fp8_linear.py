@@ -59,8 +59,12 @@ class Fp8Config:
     wgrad: str = "recipe"
     emulate: bool = False
     mx_on_hopper: str = "emulate"
+    blockwise_wgrad: str = "1x128"  # blocks of the saved input in the blockwise weight gradient
 
     def __post_init__(self) -> None:
+        if self.blockwise_wgrad not in ("1x128", "128x128"):
+            raise Fp8LinearError(
+                f"Fp8Config.blockwise_wgrad must be '1x128' or '128x128', got {self.blockwise_wgrad!r}")
         if self.recipe not in RECIPES:
             raise Fp8LinearError(f"Fp8Config.recipe must be one of {RECIPES}, got {self.recipe!r}")
         if self.wgrad not in WGRAD_PRECISIONS:
@@ -80,9 +84,17 @@ class _Plan:
     native: bool  # False: emulate (dequantize + fp32 matmul)
     mx_hopper: bool  # mxfp8 on a GPU without MX tensor cores: decode to bf16, bf16 GEMM
     backend: str  # quantizer backend
+    x_tiles: bool = False  # blockwise: 128x128 tiles for the input in the weight gradient
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
+        plan = _Plan._make(cfg, x, where)
+        if plan.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128":
+            plan = _Plan(plan.recipe, plan.native, plan.mx_hopper, plan.backend, x_tiles=True)
+        return plan
+
+    @staticmethod
+    def _make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
         if cfg.emulate or cfg.recipe == "bf16":
             return _Plan(cfg.recipe, not cfg.emulate, False, "auto")
         if not x.is_cuda:
@@ -116,7 +128,9 @@ class _Plan:
             return mx.quantize_1x128(x, axis, backend=self.backend)
         return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis)
 
-    def act_both(self, x: torch.Tensor) -> tuple[Any, Any]:
+    def act_both(self, x: torch.Tensor, saved_input: bool = False) -> tuple[Any, Any]:
+        if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
+            return self.act(x, 1), mx.quantize_128x128(x, backend=self.backend)[1]
         if self.recipe == "mxfp8":
             return mx.mx_quantize_both(x, backend=self.backend)
         if self.recipe == "blockwise":
@@ -131,7 +145,15 @@ class _Plan:
 
     # -- GEMM: a [m, r] x bt [n, r] -> [m, n]
 
-    def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype) -> torch.Tensor:
+    def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is not None and self.native and not self.mx_hopper and self.recipe != "bf16":
+            y = _scaled_mm_bias(a, bt, self.recipe, out_dtype, bias)
+            if y is not None:
+                return y
+        y = self._gemm(a, bt, out_dtype)
+        return y if bias is None else y + bias.to(y.dtype)
+
+    def _gemm(self, a: Any, bt: Any, out_dtype: torch.dtype) -> torch.Tensor:
         if not self.native:
             return (_dequant(a) @ _dequant(bt).t()).to(out_dtype)
         if self.recipe == "bf16":
@@ -140,7 +162,7 @@ class _Plan:
             da = mx.mx_dequantize(a, torch.bfloat16, backend=self.backend)
             db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
             return (da @ db.t()).to(out_dtype)
-        return _scaled_mm(a, bt, self.recipe).to(out_dtype)
+        return _scaled_mm(a, bt, self.recipe, out_dtype).to(out_dtype)
 
 
 def _pad16(x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -174,22 +196,44 @@ def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
 
 
-def _scaled_mm(a: Any, bt: Any, recipe: str) -> torch.Tensor:
+# recipe -> whether scaled_mm took a fused bias on this build (probed on first use)
+_BIAS_FUSION: dict[str, bool] = {}
+
+
+def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: torch.Tensor) -> torch.Tensor | None:
+    """scaled_mm with the bias in its epilogue, or None where this build/recipe does not take one."""
+    od = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    if _BIAS_FUSION.get(recipe) is False:
+        return None
+    try:
+        y = _scaled_mm(a, bt, recipe, od, bias=bias.to(od))
+    except RuntimeError:
+        if recipe in _BIAS_FUSION:
+            raise
+        _BIAS_FUSION[recipe] = False
+        return None
+    _BIAS_FUSION[recipe] = True
+    return y.to(out_dtype)
+
+
+def _scaled_mm(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     st, sw = F.ScalingType, F.SwizzleType
+    od = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
     if recipe == "rowwise":
         return F.scaled_mm(a.data, bt.data.t(), a.scale, st.RowWise, bt.scale.t(), st.RowWise,
-                           output_dtype=torch.bfloat16)
+                           bias=bias, output_dtype=od)
     if recipe == "blockwise":
         if bt.kind == "128x128":  # scale [nb, kb] -> [L4, nb] column-major
             sb, rb = _round4_cols(bt.scale).contiguous().t(), st.BlockWise128x128
         else:
             sb, rb = bt.scale, st.BlockWise1x128
         return F.scaled_mm(a.data, bt.data.t(), a.scale, st.BlockWise1x128, sb, rb,
-                           output_dtype=torch.bfloat16)
+                           bias=bias, output_dtype=od)
     e8 = torch.float8_e8m0fnu
     return F.scaled_mm(a.data, bt.data.t(), _to_blocked(a.scale).view(e8), st.BlockWise1x32,
                        _to_blocked(bt.scale).view(e8), st.BlockWise1x32,
-                       swizzle_a=sw.SWIZZLE_32_4_4, swizzle_b=sw.SWIZZLE_32_4_4, output_dtype=torch.bfloat16)
+                       swizzle_a=sw.SWIZZLE_32_4_4, swizzle_b=sw.SWIZZLE_32_4_4, bias=bias, output_dtype=od)
 
 
 def _check_native_shapes(plan: _Plan, m: int, k: int, n: int, where: str) -> None:
@@ -222,16 +266,15 @@ class _Fp8LinearFn(torch.autograd.Function):
         fp8_wgrad = cfg.wgrad == "recipe"  # same precision as the layer
         need_wgrad = ctx.needs_input_grad[1]
         if fp8_wgrad and need_wgrad:
-            xa, xt = plan.act_both(x)
+            xa, xt = plan.act_both(x, saved_input=True)
         else:
             xa, xt = plan.act(x, 1), None
         wa, wt = plan.weight(w)
-        y = plan.gemm(xa, wa, x.dtype)
-        if b is not None:
-            y = y + b.to(y.dtype)
+        y = plan.gemm(xa, wa, x.dtype, bias=b)
         ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
         ctx.xt, ctx.wt, ctx.m = xt, wt, m
         ctx.has_bias = b is not None
+        ctx.b_dtype = b.dtype if b is not None else None
         ctx.x_dtype, ctx.w_dtype = x.dtype, w.dtype
         # high-precision wgrad keeps the input itself, not its FP8 copy
         ctx.save_for_backward(x if (need_wgrad and not fp8_wgrad) else None)
@@ -253,12 +296,12 @@ class _Fp8LinearFn(torch.autograd.Function):
             dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
         if need_w:
             if ctx.fp8_wgrad:
-                dw = plan.gemm(dyt, ctx.xt, torch.float32)
+                dw = plan.gemm(dyt, ctx.xt, ctx.w_dtype)
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
             dw = dw.to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.float().sum(0)
+            db = dy.sum(0, dtype=torch.float32).to(ctx.b_dtype)
         ctx.xt = ctx.wt = None
         return dx, dw, db, None, None
 

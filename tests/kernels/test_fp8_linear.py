@@ -63,6 +63,16 @@ def test_high_precision_weight_gradient(case, recipe, wgrad, bound):
     assert rel(dx, ref[1]) > 1e-3  # the other GEMMs stay in FP8
 
 
+def test_blockwise_wgrad_with_input_tiles(case):
+    base, x, dy, ref = case
+    cfg = Fp8Config(recipe="blockwise", blockwise_wgrad="128x128", emulate=True)
+    _, _, dw, _ = run(Fp8Linear.from_linear(base, cfg), x, dy)
+    assert 1e-3 < rel(dw, ref[2]) < BOUND["blockwise"]
+    xt = mx.dequantize_scaled(mx.quantize_128x128_ref(x)[1])  # x^T in 128x128 tiles
+    dyt = mx.dequantize_scaled(mx.quantize_1x128_ref(dy, axis=0))
+    assert torch.allclose(dw, dyt @ xt.t(), atol=1e-4)
+
+
 def test_emulation_is_the_gemm_of_quantized_operands(case):
     base, x, dy, _ = case
     w = base.weight.detach()

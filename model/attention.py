@@ -1,0 +1,115 @@
+"""Attention blocks of the model: jagged self-attention over a history and target-aware cross attention.
+
+Both call ``kernels.jagged_attention`` (Triton on CUDA, the PyTorch reference on CPU) on jagged
+``[ΣL, H, D]`` tensors. In padded mode (``attention_impl: padded``) self-attention gets tokens already
+padded to ``[B * Lmax, d]`` by the encoder and runs SDPA; cross attention pads its keys itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels import RelativeBias, jagged_attention
+from model.config import ModelConfig
+from model.embeddings import History
+from model.layers import MLP, Norm, linear_flops
+from model.padded import PaddedLayout, padded_attention, sdpa_attention
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over jagged rows, with block/window locality and relative bias."""
+
+    precision_kind = "attention"
+
+    def __init__(self, cfg: ModelConfig, kind: str, window: int | None, block_size: int | None):
+        super().__init__()
+        enc = cfg.sequence_encoder
+        d, h = cfg.d_model, cfg.num_heads
+        self.heads, self.head_dim = h, d // h
+        self.kind, self.window, self.block_size = kind, window, block_size
+        self.activation, self.causal = enc.activation, enc.causal
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        b = enc.bias
+        # Zero-initialised tables: training starts from plain attention and learns the bias.
+        self.pos_weight = nn.Parameter(torch.zeros(b.num_position_buckets, h)) if b.position else None
+        self.time_weight = nn.Parameter(torch.zeros(b.num_time_buckets, h)) if b.time else None
+
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = self.qkv(x).view(-1, 3, self.heads, self.head_dim)
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+    def forward(self, x: torch.Tensor, hist: History, layout: PaddedLayout | None = None) -> torch.Tensor:
+        """``x [ΣL, d]`` (jagged) or ``[B * Lmax, d]`` (padded, with ``layout``) -> same shape."""
+        q, k, v = self._split(x)
+        ts = hist.timestamps if self.time_weight is not None else None
+        if layout is None:
+            bias = None
+            if self.pos_weight is not None or ts is not None:
+                bias = RelativeBias(pos_weight=self.pos_weight, time_weight=self.time_weight if ts is not None
+                                    else None, q_timestamps=ts, kv_timestamps=ts)
+            y = jagged_attention(q, k, v, hist.offsets, hist.offsets, activation=self.activation,
+                                 causal=self.causal, bias=bias, block_size=self.block_size, window=self.window,
+                                 max_q_len=hist.max_length, max_kv_len=hist.max_length)
+        else:
+            shape = (layout.batch, layout.max_len, self.heads, self.head_dim)
+            pts = layout.pad(ts).view(layout.batch, layout.max_len) if ts is not None else None
+            y = sdpa_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), layout.lengths,
+                               layout.lengths, activation=self.activation, causal=self.causal,
+                               pos_weight=self.pos_weight, time_weight=self.time_weight if ts is not None else None,
+                               q_ts=pts, kv_ts=pts, block_size=self.block_size, window=self.window)
+        return self.out(y.reshape(x.shape[0], -1))
+
+    def flops(self, offsets: torch.Tensor, total: int) -> dict[str, int]:
+        from kernels import jagged_attention_flops
+
+        core = jagged_attention_flops(offsets, offsets, self.heads, self.head_dim, causal=self.causal,
+                                      block_size=self.block_size, window=self.window)
+        return {"proj": linear_flops(self.qkv, total) + linear_flops(self.out, total), "core": core}
+
+
+class TargetCrossAttention(nn.Module):
+    """The non-sequential tokens (candidate ad, user, creative...) attend over an encoded history.
+
+    Queries: ``N`` tokens per row; keys/values: the row's history (any length, 0 included, which gives a
+    zero update). A residual MLP follows, both pre-norm.
+    """
+
+    precision_kind = "attention"
+
+    def __init__(self, cfg: ModelConfig, padded: bool):
+        super().__init__()
+        d, h = cfg.d_model, cfg.num_heads
+        self.heads, self.head_dim = h, d // h
+        self.activation = cfg.cross_attention.activation
+        self.padded = padded
+        self.norm_q, self.norm_kv, self.norm_mlp = Norm(d), Norm(d), Norm(d)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(d, d)
+        self.mlp = MLP(d, cfg.sequence_encoder.mlp_ratio * d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: torch.Tensor, hist: History) -> torch.Tensor:
+        b, n, d = tokens.shape
+        q = self.q(self.norm_q(tokens)).reshape(b * n, self.heads, self.head_dim)
+        kv = self.kv(self.norm_kv(hist.tokens)).view(-1, 2, self.heads, self.head_dim)
+        q_offsets = torch.arange(b + 1, device=tokens.device, dtype=hist.offsets.dtype) * n
+        kw = dict(activation=self.activation, causal=False)
+        if self.padded:
+            y = padded_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, **kw)
+        else:
+            y = jagged_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, max_q_len=n,
+                                 max_kv_len=hist.max_length, **kw)
+        tokens = tokens + self.drop(self.out(y.reshape(b, n, d)))
+        return tokens + self.drop(self.mlp(self.norm_mlp(tokens)))
+
+    def flops(self, batch: int, num_tokens: int, offsets: torch.Tensor, total: int) -> dict[str, int]:
+        from kernels import jagged_attention_flops
+
+        nq = batch * num_tokens
+        q_offsets = torch.arange(batch + 1, dtype=torch.int64) * num_tokens
+        core = jagged_attention_flops(q_offsets, offsets, self.heads, self.head_dim)
+        proj = linear_flops(self.q, nq) + linear_flops(self.kv, total) + linear_flops(self.out, nq)
+        return {"proj": proj, "core": core, "mlp": self.mlp.flops(nq)}

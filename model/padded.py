@@ -1,0 +1,139 @@
+"""The padded baseline (``attention_impl: padded``): jagged <-> padded layouts and SDPA attention on [B, H, L, D].
+
+It exists so the saving of the jagged path can be measured end to end on the same model: the history is
+padded to the batch's longest row, every encoder op runs on ``B * Lmax`` tokens, and attention goes
+through ``torch.nn.functional.scaled_dot_product_attention`` with a mask (and the relative bias as an
+additive float mask). Masking follows ``kernels.attention_spec`` exactly, so for softmax without dropout
+the padded model equals the jagged one up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention_ref import visible_mask
+from kernels.attention_spec import pos_bucket, time_bucket
+
+
+@dataclass
+class PaddedLayout:
+    """Where each jagged token sits in a ``[B, Lmax]`` box."""
+
+    lengths: torch.Tensor  # [B]
+    max_len: int
+    dest: torch.Tensor  # [ΣL] flat index into B * Lmax
+    valid: torch.Tensor  # [B, Lmax] bool
+
+    @staticmethod
+    def of(offsets: torch.Tensor, total: int, max_len: int | None = None) -> PaddedLayout:
+        lengths = offsets[1:] - offsets[:-1]
+        b = lengths.numel()
+        if max_len is None:
+            max_len = int(lengths.max()) if b else 0  # the one device sync of the padded path
+        rows = torch.repeat_interleave(torch.arange(b, device=offsets.device), lengths, output_size=total)
+        pos = torch.arange(total, device=offsets.device) - offsets[:-1][rows]
+        valid = torch.arange(max_len, device=offsets.device)[None, :] < lengths[:, None]
+        return PaddedLayout(lengths=lengths, max_len=max_len, dest=rows * max_len + pos, valid=valid)
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.numel()
+
+    def pad(self, x: torch.Tensor, fill: float | int = 0) -> torch.Tensor:
+        """``[ΣL, ...]`` -> ``[B * Lmax, ...]`` (padding holds ``fill``)."""
+        out = x.new_full((self.batch * self.max_len, *x.shape[1:]), fill)
+        return out.index_copy(0, self.dest, x)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B * Lmax, ...]`` -> ``[ΣL, ...]``."""
+        return x.index_select(0, self.dest)
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    activation: str = "softmax",
+    causal: bool = False,
+    scale: float | None = None,
+    pos_weight: torch.Tensor | None = None,
+    time_weight: torch.Tensor | None = None,
+    q_ts: torch.Tensor | None = None,
+    kv_ts: torch.Tensor | None = None,
+    block_size: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Padded attention: ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, lengths ``[B]`` -> ``[B, Lq, H, D]``.
+
+    Positions, masks and bias follow ``kernels.attention_spec``. Padded queries and queries that see no
+    key output zeros. ``q_ts [B, Lq]`` / ``kv_ts [B, Lk]``: timestamps (with ``time_weight``).
+    """
+    b, lq, h, d = q.shape
+    lk = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    dev = q.device
+    if lk == 0 or lq == 0:
+        return q.new_zeros(q.shape) + 0 * (k.sum() + v.sum())  # keeps k, v in the graph
+    lq_t, lk_t = q_lens[:, None, None], kv_lens[:, None, None]
+    q_pos = lk_t - lq_t + torch.arange(lq, device=dev)[None, :, None]  # [B, Lq, 1]
+    k_pos = torch.arange(lk, device=dev)[None, None, :]  # [1, 1, Lk]
+    mask = visible_mask(q_pos, k_pos, lk_t, causal=causal, hist_end=lk_t, block_size=block_size, window=window)
+    mask = mask & (torch.arange(lq, device=dev)[None, :, None] < lq_t)  # [B, Lq, Lk]
+    seen = mask.any(dim=-1, keepdim=True)  # [B, Lq, 1]
+    # SDPA returns NaN for a row with no visible key: let such rows see key 0, then zero them.
+    mask = mask | (~seen & (k_pos == 0))
+    bias = None
+    if pos_weight is not None:
+        bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, Lk]
+    if time_weight is not None:
+        assert q_ts is not None and kv_ts is not None
+        tb = time_bucket(q_ts[:, :, None] - kv_ts[:, None, :], time_weight.shape[0])
+        t = time_weight[tb].permute(0, 3, 1, 2)
+        bias = t if bias is None else bias + t
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, L, D]
+    if activation == "softmax":
+        if bias is None:
+            attn_mask = mask[:, None]
+        else:
+            attn_mask = bias.to(q.dtype).masked_fill(~mask[:, None], float("-inf"))
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
+    else:
+        s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + bias.to(s.dtype)
+        act = F.silu(s) if activation == "silu" else F.gelu(s, approximate="tanh")
+        norm = kv_lens.clamp_min(1).to(s.dtype)[:, None, None, None]
+        out = torch.matmul(act * mask[:, None] / norm, vh)
+    out = out.transpose(1, 2)
+    return out * seen[..., None].to(out.dtype)
+
+
+def padded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    *,
+    q_timestamps: torch.Tensor | None = None,
+    kv_timestamps: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Same inputs and result as ``kernels.jagged_attention`` (jagged ``[ΣL, H, D]``), computed padded."""
+    ql = PaddedLayout.of(q_offsets, q.shape[0])
+    kl = PaddedLayout.of(kv_offsets, k.shape[0])
+    h, d = q.shape[1:]
+    pq = ql.pad(q).view(ql.batch, ql.max_len, h, d)
+    pk = kl.pad(k).view(kl.batch, kl.max_len, h, d)
+    pv = kl.pad(v).view(kl.batch, kl.max_len, h, d)
+    qts = ql.pad(q_timestamps).view(ql.batch, ql.max_len) if q_timestamps is not None else None
+    kts = kl.pad(kv_timestamps).view(kl.batch, kl.max_len) if kv_timestamps is not None else None
+    out = sdpa_attention(pq, pk, pv, ql.lengths, kl.lengths, q_ts=qts, kv_ts=kts, **kwargs)
+    return ql.unpad(out.reshape(ql.batch * ql.max_len, h, d))

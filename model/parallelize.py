@@ -1,0 +1,692 @@
+"""Parallelism for the GEM model, applied from outside the model code (as torchtitan does).
+
+`parallelize(model, schema, cfg, device)`:
+
+- **Sparse**: torchrec `DistributedModelParallel` shards `model.embeddings.ec` / `.ebc` with the
+  planner; per-table constraints come from the schema's `sharding:` (table_wise, row_wise,
+  column_wise, grid, data_parallel). The plan is printed and returned (it is saved with checkpoints).
+  `sharding_group_size` switches to 2D sparse parallelism (`DMPCollection`: shard inside groups of
+  that size, replicate across groups). The tables train with torchrec's fused (in-backward) optimizer.
+- **Dense**: FSDP2 `fully_shard` on each encoder / interaction / top block (modules declaring a
+  `precision_kind` of attention, mlp or interaction) and on every other part that holds no table,
+  over a 1D mesh or a 2D ("replicate", "shard") mesh (HSDP); `MixedPrecisionPolicy` bf16 params and
+  compute with fp32 gradient reduction on GPU; optional activation checkpointing per block.
+- **Experts**: `ExpertParallelMoE` (model/expert_parallel.py) swaps each `MoE` for one that keeps
+  num_experts / ep of the experts and moves tokens by all-to-all.
+- **Traceable root**: the model's forward is not fx-traceable (it iterates over lookups), which
+  torchrec's `TrainPipelineSparseDist` needs up to the sharded modules. `TrainModule` has the
+  model's children under the same names (so state-dict keys are unchanged) and a forward that calls
+  the sharded EC/EBC on `batch.sparse` and then the rest of the model as one opaque (leaf) module.
+
+Sharding types that torchrec's CPU kernels support (fbgemm-gpu-cpu 1.8): EmbeddingCollection
+table_wise / row_wise / column_wise (fused) and data_parallel (dense); EmbeddingBagCollection
+table_wise / column_wise / table_column_wise (fused) and data_parallel. On CPU a table asking for
+row_wise or grid on the EmbeddingBagCollection falls back (table_wise / column_wise), said in the plan;
+`strict_sharding: true` makes that an error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from features.errors import GemtrainError
+from features.schema import FeatureSchema
+
+
+class ParallelConfigError(GemtrainError, ValueError):
+    pass
+
+
+SCHEMA_TO_TORCHREC = {
+    "table_wise": "table_wise",
+    "row_wise": "row_wise",
+    "column_wise": "column_wise",
+    "grid": "grid_shard",
+    "data_parallel": "data_parallel",
+}
+# When a device's kernels lack the asked-for type, the nearest one that keeps the table sharded.
+FALLBACK = {
+    "row_wise": ["table_row_wise", "table_wise"],
+    "grid_shard": ["table_column_wise", "column_wise", "table_wise"],
+    "column_wise": ["table_column_wise", "table_wise"],
+    "table_wise": [],
+    "data_parallel": ["table_wise"],
+}
+DENSE_BLOCK_KINDS = ("attention", "mlp", "interaction")
+
+
+@dataclass
+class ParallelConfig:
+    """The `distributed:` section of a run config."""
+
+    sparse: str = "model_parallel"  # model_parallel (DMP shards the tables) | replicate (no DMP)
+    sharding_group_size: int = 0  # > 0: 2D sparse parallelism (DMPCollection) with groups this size
+    dense: str = "fsdp"  # fsdp | ddp
+    replicate: int = 1  # HSDP: replicate degree of the ("replicate", "shard") mesh; 1 = plain FSDP
+    mixed_precision: str = "auto"  # auto (bf16 on GPU) | bf16 | none
+    activation_checkpointing: bool = False
+    expert_parallel: int = 1  # experts spread over this many ranks (1: every rank has all experts)
+    pipeline: bool = True  # torchrec TrainPipelineSparseDist drives the loop when sharded
+    strict_sharding: bool = False  # a schema sharding type the device lacks is an error, not a fallback
+    timeout_s: float = 300.0  # every collective fails after this instead of hanging
+    planner_batch_size: int = 0  # 0: the train batch size
+
+    @staticmethod
+    def from_dict(d: dict[str, Any] | None) -> ParallelConfig:
+        d = dict(d or {})
+        names = {f.name for f in fields(ParallelConfig)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ParallelConfigError(f"distributed: unknown key(s) {', '.join(unknown)}; allowed: "
+                                      + ", ".join(sorted(names)))
+        cfg = ParallelConfig(**d)
+        if cfg.sparse not in ("model_parallel", "replicate"):
+            raise ParallelConfigError(f"distributed.sparse={cfg.sparse!r}: use model_parallel or replicate")
+        if cfg.dense not in ("fsdp", "ddp"):
+            raise ParallelConfigError(f"distributed.dense={cfg.dense!r}: use fsdp or ddp")
+        if cfg.mixed_precision not in ("auto", "bf16", "none"):
+            raise ParallelConfigError(f"distributed.mixed_precision={cfg.mixed_precision!r}: auto, bf16 or none")
+        return cfg
+
+
+# ---- the traceable root ------------------------------------------------------------------------
+
+
+@dataclass
+class TrainOutput:
+    logits: torch.Tensor
+    per_task: dict[str, torch.Tensor]
+    aux_loss: torch.Tensor
+
+
+class _Body(nn.Module):
+    """Runs the whole model given the already computed EC/EBC outputs; a leaf for fx (no tables)."""
+
+    def __init__(self, model: nn.Module, loss_fn):
+        super().__init__()
+        object.__setattr__(self, "_model", model)  # not a child: keeps state-dict keys unchanged
+        object.__setattr__(self, "_loss_fn", loss_fn)
+
+    def forward(self, batch, ec_out, ebc_out):
+        model = self._model
+        emb = model.embeddings
+        with _returning(emb.ec, ec_out), _returning(emb.ebc, ebc_out):
+            out = model(batch)
+        if self._loss_fn is None:
+            return out
+        return self._loss_fn(out, batch)
+
+
+@contextlib.contextmanager
+def _returning(module: nn.Module | None, value):
+    """Inside: calling `module` returns `value` (its output, computed by the root already)."""
+    if module is None:
+        yield
+        return
+    had = "forward" in module.__dict__
+    saved = module.__dict__.get("forward")
+    module.forward = lambda *_a, **_k: value
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = saved
+        else:
+            del module.forward
+
+
+class TrainModule(nn.Module):
+    """The model with an fx-traceable forward up to its embedding lookups (for torchrec's pipelines).
+
+    Its children are the model's children (same names, so the same state-dict keys). With
+    `loss_fn` set, forward returns `(loss, TrainOutput)`, the form torchrec's train pipelines use;
+    without, the model's own output.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn=None):
+        super().__init__()
+        if not hasattr(model, "embeddings") or not hasattr(model.embeddings, "ec"):
+            raise ParallelConfigError("parallelize: the model has no `embeddings.ec` / `embeddings.ebc`")
+        for name, child in model.named_children():
+            self.add_module(name, child)
+        if any(True for _ in model.named_parameters(recurse=False)):
+            raise ParallelConfigError("parallelize: parameters directly on the model root are not supported; "
+                                      "put them in a submodule")
+        object.__setattr__(self, "inner", model)
+        self._body = _Body(model, loss_fn)
+
+    def set_loss(self, loss_fn) -> None:
+        object.__setattr__(self._body, "_loss_fn", loss_fn)
+
+    def forward(self, batch):
+        sparse = batch.sparse
+        ec = self.embeddings.ec
+        ebc = self.embeddings.ebc
+        ec_out = ec(sparse) if ec is not None else None
+        ebc_out = ebc(sparse) if ebc is not None else None
+        return self._body(batch, ec_out, ebc_out)
+
+
+def make_loss_fn(tasks: list[str]):
+    """(ModelOutput, batch) -> (loss, TrainOutput): the multitask loss plus the MoE auxiliary loss."""
+    from model.losses import multitask_loss
+
+    def loss_fn(out, batch):
+        logits = out.logits.float()
+        total, per_task = multitask_loss(logits, batch.labels, batch.label_mask, batch.weights, tasks)
+        aux = out.aux_loss
+        if isinstance(aux, torch.Tensor):
+            total = total + aux.float()
+        else:
+            aux = torch.zeros((), device=logits.device)
+        return total, TrainOutput(logits=logits.detach(), per_task={k: v.detach() for k, v in per_task.items()},
+                                  aux_loss=aux.detach())
+
+    return loss_fn
+
+
+# ---- sharding plan -----------------------------------------------------------------------------
+
+
+@dataclass
+class PlanNote:
+    table: str
+    asked: str
+    used: str
+    why: str
+
+
+def table_constraints(schema: FeatureSchema, device_type: str, strict: bool = False):
+    """torchrec ParameterConstraints per table from the schema's `sharding:` and the device's kernels.
+
+    Returns (constraints, notes): a note for each table whose asked-for type the device lacks.
+    """
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from features.torchrec_configs import embedding_bag_configs, embedding_configs
+
+    supported = {
+        "ec": EmbeddingCollectionSharder().sharding_types(device_type),
+        "ebc": EmbeddingBagCollectionSharder().sharding_types(device_type),
+    }
+    kind_of = {c.name: "ec" for c in embedding_configs(schema)}
+    kind_of.update({c.name: "ebc" for c in embedding_bag_configs(schema)})
+    constraints: dict[str, Any] = {}
+    notes: list[PlanNote] = []
+    for t in schema.tables:
+        if t.name not in kind_of:
+            continue
+        kind = kind_of[t.name]
+        ok = [s for s in supported[kind] if s != "data_parallel" or device_type != "cpu"]
+        if t.sharding is None:
+            # The planner picks; on CPU keep it off data_parallel (the dense CPU kernel's batch split
+            # does not handle uneven per-rank batches).
+            constraints[t.name] = ParameterConstraints(sharding_types=ok)
+            continue
+        asked = SCHEMA_TO_TORCHREC[t.sharding]
+        used = asked if asked in supported[kind] else None
+        if used is None:
+            if strict:
+                raise ParallelConfigError(
+                    f"schema {schema.source}: table {t.name}: sharding {t.sharding} is not supported by "
+                    f"torchrec's {device_type} kernels for an {'EmbeddingCollection' if kind == 'ec' else 'EmbeddingBagCollection'}"
+                    f" (supported: {', '.join(supported[kind])}); change the table's sharding or set "
+                    "distributed.strict_sharding: false to fall back")
+            used = next((f for f in FALLBACK[asked] if f in supported[kind]), None)
+            if used is None:
+                raise ParallelConfigError(f"table {t.name}: no sharding type close to {t.sharding} on {device_type}")
+            notes.append(PlanNote(t.name, asked, used, f"{device_type} kernels lack {asked} for {kind}"))
+        extra = {}
+        if used in ("column_wise", "table_column_wise"):
+            # shards of at least 4 columns, at most one per rank: column-wise really splits small tables
+            extra["min_partition"] = max(4, t.dim // 8)
+        constraints[t.name] = ParameterConstraints(sharding_types=[used], **extra)
+    return constraints, notes
+
+
+def describe_plan(plan, notes: list[PlanNote]) -> str:
+    """A readable table of the plan: table, sharding type, kernel, shards (rank: offsets/sizes)."""
+    lines = ["sharding plan:", f"  {'module':<22} {'table':<14} {'type':<18} {'kernel':<8} shards (rank: offset size)"]
+    for module_path, param_plan in plan.plan.items():
+        for table, ps in param_plan.items():
+            shards = ""
+            if ps.sharding_spec is not None and hasattr(ps.sharding_spec, "shards"):
+                shards = " ".join(f"{s.placement.rank()}:{list(s.shard_offsets)}/{list(s.shard_sizes)}"
+                                  for s in ps.sharding_spec.shards)
+            elif ps.ranks:
+                shards = "ranks " + ",".join(map(str, ps.ranks))
+            lines.append(f"  {module_path:<22} {table:<14} {ps.sharding_type:<18} {ps.compute_kernel:<8} {shards}")
+    for n in notes:
+        lines.append(f"  note: table {n.table}: asked {n.asked}, using {n.used} ({n.why})")
+    return "\n".join(lines)
+
+
+def plan_to_dict(plan) -> dict[str, Any]:
+    """The plan as plain data (saved next to the checkpoint)."""
+    out: dict[str, Any] = {}
+    for module_path, param_plan in plan.plan.items():
+        for table, ps in param_plan.items():
+            shards = []
+            if ps.sharding_spec is not None and hasattr(ps.sharding_spec, "shards"):
+                shards = [{"rank": s.placement.rank(), "offsets": list(s.shard_offsets), "sizes": list(s.shard_sizes)}
+                          for s in ps.sharding_spec.shards]
+            out[f"{module_path}.{table}"] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
+                                            "ranks": list(ps.ranks or []), "shards": shards}
+    return out
+
+
+# ---- sparse optimizer ------------------------------------------------------------------------------
+
+
+def apply_sparse_optimizer(model: nn.Module, name: str, lr: float, eps: float = 1e-8,
+                           weight_decay: float = 0.0) -> None:
+    """Registers the in-backward (fused) optimizer of the embedding tables before sharding."""
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    emb = model.embeddings
+    params = [p for m in (emb.ec, emb.ebc) if m is not None for p in m.parameters()]
+    if name == "rowwise_adagrad":
+        cls, kw = RowWiseAdagrad, {"lr": lr, "eps": eps, "weight_decay": weight_decay}
+    elif name == "adam":
+        cls, kw = torch.optim.Adam, {"lr": lr, "eps": eps, "weight_decay": weight_decay}
+    elif name == "adagrad":
+        cls, kw = torch.optim.Adagrad, {"lr": lr, "eps": eps, "weight_decay": weight_decay}
+    elif name == "sgd":
+        cls, kw = torch.optim.SGD, {"lr": lr, "weight_decay": weight_decay}
+    else:
+        raise ParallelConfigError(f"sparse optimizer {name!r}: use rowwise_adagrad, adam, adagrad or sgd")
+    apply_optimizer_in_backward(cls, params, kw)
+
+
+# ---- dense: FSDP2 --------------------------------------------------------------------------------
+
+
+def dense_blocks(root: nn.Module, keep_out=lambda _m: False) -> list[tuple[str, nn.Module]]:
+    """The top-most modules declaring a precision_kind of attention, mlp or interaction that hold
+    parameters and no kept-out module (sharded tables, expert-parallel MoEs): one FSDP2 unit each."""
+    out: list[tuple[str, nn.Module]] = []
+
+    def visit(prefix: str, m: nn.Module) -> None:
+        for name, child in m.named_children():
+            if keep_out(child):
+                continue
+            path = prefix + name
+            inner_kept = any(keep_out(x) for x in child.modules())
+            if (getattr(child, "precision_kind", None) in DENSE_BLOCK_KINDS and not inner_kept
+                    and any(True for _ in child.parameters())):
+                out.append((path, child))
+            else:
+                visit(path + ".", child)
+
+    visit("", root)
+    return out
+
+
+def apply_fsdp(root: nn.Module, mesh, *, mixed_precision: bool, activation_checkpointing: bool,
+               keep_out=lambda _m: False) -> list[str]:
+    """fully_shard on each dense block, then on the root for every other parameter (heads, norms,
+    input projections) except those of kept-out modules; returns the unit names."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
+    blocks = dense_blocks(root, keep_out)
+    names = []
+    for path, block in blocks:
+        if activation_checkpointing:
+            _checkpoint_block(block)
+        fully_shard(block, mesh=mesh, **({"mp_policy": bf16} if bf16 is not None else {}))
+        names.append(path)
+    ignored = {p for m in root.modules() if keep_out(m) for p in m.parameters()}
+    # the root keeps float32 (heads, norms, projections of the inputs); under autocast matmuls run bf16
+    fully_shard(root, mesh=mesh, ignored_params=ignored)
+    names.append("<root>")
+    return names
+
+
+def _checkpoint_block(block: nn.Module) -> None:
+    """Recomputes the block's activations in backward (non-reentrant torch.utils.checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
+
+    fwd = block.forward
+
+    def forward(*args, **kwargs):
+        return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+
+    block.forward = forward
+
+
+class ReplicatedGradSync:
+    """All-reduces (averages) gradients of replicated parameters after backward: DDP without buckets,
+    for the embedding tables when they are not sharded (`distributed.sparse: replicate`)."""
+
+    def __init__(self, params: list[nn.Parameter], group=None):
+        import torch.distributed as dist
+
+        self.params = params
+        self.group = group
+        self.world = dist.get_world_size(group)
+
+    def sync(self) -> None:
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world)
+        i = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[i:i + n].view_as(g))
+            i += n
+
+
+# ---- the entry point ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Parallelized:
+    model: nn.Module  # what the trainer calls: DMP(TrainModule) (or the TrainModule when sparse: replicate)
+    train_module: TrainModule
+    plan: Any = None  # torchrec ShardingPlan (None when the tables are replicated)
+    plan_text: str = ""
+    plan_dict: dict[str, Any] = field(default_factory=dict)
+    mesh: Any = None
+    fsdp_units: list[str] = field(default_factory=list)
+    sparse_optimizer: Any = None  # DMP's fused optimizer (a torchrec KeyedOptimizer)
+    replicated_sync: ReplicatedGradSync | None = None
+    notes: list[PlanNote] = field(default_factory=list)
+
+    def dense_named_parameters(self) -> dict[str, nn.Parameter]:
+        """Trainable parameters outside the embedding tables (for the dense optimizer)."""
+        tables = set()
+        emb = self.train_module.embeddings
+        for m in (emb.ec, emb.ebc):
+            if m is not None:
+                tables.update(id(p) for p in m.parameters())
+        out = {}
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and id(p) not in tables:
+                out[name] = p
+        return out
+
+
+def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, device: torch.device, *,
+                sparse_optim: dict[str, Any] | None = None, batch_size: int = 256,
+                loss_tasks: list[str] | None = None, log=print) -> Parallelized:
+    """Shards `model` over the default process group (see the module docstring).
+
+    `sparse_optim`: {"name", "lr", "eps", "weight_decay"} of the tables' fused optimizer.
+    `loss_tasks`: when given, the returned model computes the multitask loss (torchrec pipeline form).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ParallelConfigError("parallelize: no process group; call train.distributed.setup() first")
+    ws = dist.get_world_size()
+    mp = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and device.type == "cuda")
+    if cfg.expert_parallel > 1:
+        ep_mesh = build_mesh(device.type, ep=cfg.expert_parallel)
+        apply_expert_parallel(model, ep_mesh["ep"].get_group(),
+                              ep_mesh["ep_replicate"].get_group() if ws > cfg.expert_parallel else None)
+    loss_fn = make_loss_fn(loss_tasks) if loss_tasks is not None else None
+    tm = TrainModule(model, loss_fn)
+    mesh = build_mesh(device.type, replicate=cfg.replicate)
+    emb = tm.embeddings
+    tables = [m for m in (emb.ec, emb.ebc) if m is not None]
+
+    def is_ep(m):  # expert-parallel MoEs hold different experts per rank: never FSDP them whole
+        return getattr(m, "expert_parallel", False)
+
+    if cfg.sparse == "replicate":
+        tm.to(device)
+        table_params = [p for m in tables for p in m.parameters()]
+        sync = ReplicatedGradSync(table_params)
+        units = _dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: any(m is t for t in tables) or is_ep(m))
+        log(f"distributed: {ws} ranks, tables replicated (gradients all-reduced), dense units: {len(units)}")
+        return Parallelized(model=tm, train_module=tm, mesh=mesh, fsdp_units=units, replicated_sync=sync)
+
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    so = sparse_optim or {"name": "sgd", "lr": 0.01}
+    apply_sparse_optimizer(model, so["name"], so["lr"], so.get("eps", 1e-8), so.get("weight_decay", 0.0))
+    constraints, notes = table_constraints(schema, device.type, cfg.strict_sharding)
+    sharders = [EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()]
+    group = cfg.sharding_group_size or ws
+    if ws % group:
+        raise ParallelConfigError(f"distributed.sharding_group_size={group} must divide the world size {ws}")
+    local_ws = int(__import__("os").environ.get("LOCAL_WORLD_SIZE", group))
+    topology = Topology(world_size=group, compute_device=device.type, local_world_size=min(local_ws, group))
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints,
+                                       batch_size=cfg.planner_batch_size or batch_size, debug=False)
+    if group == ws:
+        plan = planner.collective_plan(tm, sharders, dist.GroupMember.WORLD)
+    else:
+        plan = planner.plan(tm, sharders)  # same inputs on every rank -> the same plan
+
+    units: list[str] = []
+
+    class _DenseWrapper(DataParallelWrapper):
+        def wrap(self, dmp, env, device_):
+            from torchrec.distributed.types import ShardedModule
+
+            units.extend(_dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: isinstance(m, ShardedModule) or is_ep(m)))
+
+    if group == ws:
+        dmp = DistributedModelParallel(tm, device=device, plan=plan, sharders=sharders,
+                                       data_parallel_wrapper=_DenseWrapper())
+    else:
+        from torchrec.distributed.model_parallel import DMPCollection
+
+        dmp = DMPCollection(module=tm, device=device, plan=plan, world_size=ws, sharding_group_size=group,
+                            global_pg=dist.GroupMember.WORLD, sharders=sharders,
+                            data_parallel_wrapper=_DenseWrapper())
+    text = describe_plan(plan, notes)
+    if dist.get_rank() == 0:
+        log(text)
+        log(f"distributed: {ws} ranks, sparse: {'2D, groups of ' + str(group) if group != ws else 'model parallel'}, "
+            f"dense: {cfg.dense} over mesh {tuple(mesh.shape)} ({len(units)} units), bf16: {mp}")
+    return Parallelized(model=dmp, train_module=tm, plan=plan, plan_text=text, plan_dict=plan_to_dict(plan),
+                        mesh=mesh, fsdp_units=units, sparse_optimizer=dmp.fused_optimizer, notes=notes)
+
+
+def _dense_wrap(tm: TrainModule, cfg: ParallelConfig, mesh, mp: bool, keep_out) -> list[str]:
+    if cfg.dense == "fsdp":
+        return apply_fsdp(tm, mesh, mixed_precision=mp, activation_checkpointing=cfg.activation_checkpointing,
+                          keep_out=keep_out)
+    # ddp: the whole dense part replicated (FSDP2 over a mesh of ("replicate", "shard") = (world, 1))
+    import torch.distributed as dist
+
+    ddp_mesh = build_mesh(mesh.device_type, replicate=dist.get_world_size())
+    return apply_fsdp(tm, ddp_mesh, mixed_precision=mp, activation_checkpointing=cfg.activation_checkpointing,
+                      keep_out=keep_out)
+
+
+# ---- meshes ------------------------------------------------------------------------------------------
+
+
+def build_mesh(device_type: str, *, replicate: int = 1, shard: int | None = None, ep: int | None = None):
+    """A DeviceMesh over the world.
+
+    - `build_mesh(t)`: 1D ("shard",) over all ranks (FSDP).
+    - `build_mesh(t, replicate=R)`: 2D ("replicate", "shard") of R x world/R (HSDP: shard inside a
+      group, replicate across groups).
+    - `build_mesh(t, ep=E)`: 2D ("ep_replicate", "ep") of world/E x E; experts are spread over "ep".
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ws = dist.get_world_size()
+    if ep is not None:
+        if ep < 1 or ws % ep:
+            raise ParallelConfigError(f"distributed.expert_parallel={ep} must divide the world size {ws}")
+        return init_device_mesh(device_type, (ws // ep, ep), mesh_dim_names=("ep_replicate", "ep"))
+    if shard is None:
+        if replicate < 1 or ws % replicate:
+            raise ParallelConfigError(f"distributed.replicate={replicate} must divide the world size {ws}")
+        shard = ws // replicate
+    if replicate * shard != ws:
+        raise ParallelConfigError(f"mesh {replicate} x {shard} does not cover the world size {ws}")
+    if replicate == 1:
+        return init_device_mesh(device_type, (shard,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+
+
+# ---- expert parallelism ---------------------------------------------------------------------------
+
+
+class ExpertParallelMoE(nn.Module):
+    """`model.moe.MoE` with its experts spread over an expert-parallel process group.
+
+    Rank r of the EP group keeps experts [r*E/ep, (r+1)*E/ep). Each rank routes its own tokens with
+    the (replicated) router, sends every (token, expert) assignment to the expert's owner with one
+    `all_to_all_single` (split sizes exchanged first), the owners run their experts, and a second
+    all-to-all brings the outputs back, where they are gated and summed per token exactly as `MoE`
+    does. The load-balance loss uses the routing statistics of all ranks (all-reduced, with
+    gradients), so it equals the single-device loss on the global batch.
+
+    Gradients: the router is replicated, averaged over all ranks; an expert's gradient collects every
+    rank's tokens through the all-to-all backward, so it is summed over the expert's replicas (the
+    "ep_replicate" group) and divided by the world size: the gradient of the mean of the ranks' losses.
+    State-dict keys carry the global expert index (`experts.5.fc1.weight`), so checkpoints load at any
+    EP size.
+    """
+
+    precision_kind = "mlp"
+    expert_parallel = True
+
+    def __init__(self, moe: nn.Module, ep_group, replicate_group=None):
+        import torch.distributed as dist
+
+        super().__init__()
+        ep = dist.get_world_size(ep_group)
+        r = dist.get_rank(ep_group)
+        e = moe.num_experts
+        if e % ep:
+            raise ParallelConfigError(f"MoE with {e} experts cannot be spread over expert_parallel={ep} ranks; "
+                                      "make num_experts a multiple of it")
+        self.num_experts, self.top_k, self.load_balance_weight = e, moe.top_k, moe.load_balance_weight
+        self.ep, self.ep_group, self.replicate_group = ep, ep_group, replicate_group
+        self.local = e // ep
+        self.first = r * self.local
+        self.router = moe.router
+        self.experts = nn.ModuleList(list(moe.experts)[self.first:self.first + self.local])
+        self._register_grad_sync()
+        self._register_state_dict_hook(_ep_state_dict_hook)
+        self._register_load_state_dict_pre_hook(_ep_load_hook, with_module=True)
+
+    def _register_grad_sync(self) -> None:
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+
+        def router_hook(p):
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+
+        def expert_hook(p):
+            if self.replicate_group is not None:
+                dist.all_reduce(p.grad, group=self.replicate_group)
+            p.grad.div_(world)
+
+        for p in self.router.parameters():
+            p.register_post_accumulate_grad_hook(router_hook)
+        for p in self.experts.parameters():
+            p.register_post_accumulate_grad_hook(expert_hook)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch.distributed as dist
+        import torch.distributed.nn.functional as dnf
+
+        k, e = self.top_k, self.num_experts
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        top_p, top_i = probs.topk(k, dim=-1)
+        gates = top_p / top_p.sum(dim=-1, keepdim=True)
+        # global routing statistics: counts without gradient, probability sums with
+        counts = torch.zeros(e + 1, device=x.device, dtype=torch.float32)
+        counts[:e] = counts[:e].index_add(0, top_i.reshape(-1), torch.ones(top_i.numel(), device=x.device))
+        counts[e] = x.shape[0]
+        dist.all_reduce(counts)
+        prob_sum = dnf.all_reduce(probs.sum(dim=0))
+        n_total = counts[e]
+        frac = counts[:e] / (n_total * k).clamp_min(1)
+        aux = e * (frac * prob_sum / n_total.clamp_min(1)).sum() * self.load_balance_weight
+
+        flat_e = top_i.reshape(-1)
+        order = torch.argsort(flat_e, stable=True)
+        token = order // k
+        sorted_e = flat_e[order]
+        dest = sorted_e // self.local
+        send = torch.bincount(dest, minlength=self.ep)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.ep_group)
+        send_l, recv_l = send.tolist(), recv.tolist()
+        xs = x.index_select(0, token)
+        n_recv = sum(recv_l)
+        recv_x = dnf.all_to_all_single(xs.new_empty(n_recv, x.shape[1]), xs, recv_l, send_l, group=self.ep_group)
+        recv_e = torch.empty(n_recv, dtype=sorted_e.dtype, device=x.device)
+        dist.all_to_all_single(recv_e, sorted_e - dest * self.local, recv_l, send_l, group=self.ep_group)
+        # run the local experts on what arrived, grouped by expert
+        o2 = torch.argsort(recv_e, stable=True)
+        sizes = torch.bincount(recv_e, minlength=self.local).tolist()
+        chunks = recv_x.index_select(0, o2).split(sizes)
+        ys = torch.cat([expert(c) for expert, c in zip(self.experts, chunks)], dim=0)
+        out_recv = ys.new_zeros(n_recv, ys.shape[1]).index_copy(0, o2, ys)
+        back = dnf.all_to_all_single(out_recv.new_empty(len(token), ys.shape[1]), out_recv, send_l, recv_l,
+                                     group=self.ep_group)
+        y = back * gates.reshape(-1)[order][:, None].to(back.dtype)
+        out = y.new_zeros(x.shape[0], y.shape[1]).index_add(0, token, y)
+        return out, aux
+
+    def flops(self, tokens: int) -> int:
+        e = self.experts[0]
+        return 2 * tokens * self.router.in_features * self.num_experts + self.top_k * e.flops(tokens)
+
+
+def _ep_state_dict_hook(module, state_dict, prefix, _local_metadata):
+    """experts.<local i> -> experts.<global first + i>."""
+    renamed = {}
+    for key in list(state_dict):
+        if key.startswith(prefix + "experts."):
+            rest = key[len(prefix + "experts."):]
+            i, _, tail = rest.partition(".")
+            renamed[f"{prefix}experts.{int(i) + module.first}.{tail}"] = state_dict.pop(key)
+    state_dict.update(renamed)
+    return state_dict
+
+
+def _ep_load_hook(module, state_dict, prefix, *_args):
+    """Keeps this rank's experts from a full state dict, renamed to local indices."""
+    for key in list(state_dict):
+        if key.startswith(prefix + "experts."):
+            rest = key[len(prefix + "experts."):]
+            i, _, tail = rest.partition(".")
+            g = int(i)
+            value = state_dict.pop(key)
+            if module.first <= g < module.first + module.local:
+                state_dict[f"{prefix}experts.{g - module.first}.{tail}"] = value
+
+
+def apply_expert_parallel(model: nn.Module, ep_group, replicate_group=None) -> int:
+    """Replaces every `model.moe.MoE` in `model` by an `ExpertParallelMoE`; returns how many."""
+    from model.moe import MoE
+
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, MoE):
+                setattr(parent, name, ExpertParallelMoE(child, ep_group, replicate_group))
+                n += 1
+    return n

@@ -22,3 +22,23 @@ def demo_schema():
     from features import load_schema
 
     return load_schema(SCHEMAS / "demo.yaml")
+
+
+# ---- S3 test server (moto), shared by the ingest tests ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 (free port); yields `storage_options` for s3fs pointing at it."""
+    from moto.server import ThreadedMotoServer
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(k, v)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield {"client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
+    finally:
+        server.stop()

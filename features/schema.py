@@ -186,9 +186,11 @@ def load_schema(path: str | Path) -> FeatureSchema:
     """Loads and validates a schema file; raises SchemaError naming file, line and field."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SchemaError(f"cannot read schema file: {e.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise SchemaError(f"not a text (UTF-8) file: {e.reason} at byte {e.start}", file=str(path)) from None
     return parse_schema(text, source=str(path))
 
 

@@ -6,6 +6,7 @@ Each error names the file, the line and the dotted field path, and says what is 
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from features.errors import SchemaError
@@ -30,6 +31,8 @@ SEQUENCE_KEYS = ("max_length", "fields")
 SEQ_FIELD_KEYS = ("type", "table", "hash")
 FEATURE_KEYS = ("type", "table", "dim", "hash")
 LABEL_KEYS = ("mask", "weight")
+# Names become Parquet column paths and KJT keys ("history.item_id"), so no dots or spaces.
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 class _Ctx:
@@ -37,7 +40,14 @@ class _Ctx:
         self.source = source
 
     def fail(self, node: Node | None, path: str, message: str, hint: str | None = None) -> SchemaError:
-        return SchemaError(message, file=self.source, line=node.line if node else None, field=path, hint=hint)
+        return SchemaError(message, file=self.source, line=node.line if node else None,
+                           field=path or "(document)", hint=hint)
+
+    def name(self, name: str, node: Node, path: str) -> str:
+        if not NAME_RE.match(name):
+            raise self.fail(node, path, f"'{name}' is not a valid name",
+                            "use letters, digits, '_' or '-', starting with a letter or '_' (no dots or spaces)")
+        return name
 
     def mapping(self, node: Node, path: str, allowed: tuple[str, ...] | None = None) -> dict[str, Node]:
         if not isinstance(node.value, dict):
@@ -112,7 +122,7 @@ def build_schema(root: Node, source: str) -> FeatureSchema:
     seq_tables = {f.table for s in sequences for f in s.id_fields}
     for f in features:
         if f.type == "id_list" and f.table in seq_tables:
-            node = top["features"].value[f.name]
+            node = top["features"].value[f.name].value["table"]
             raise ctx.fail(node, f"features.{f.name}.table",
                            f"table '{f.table}' is used by a sequence, which embeds it unpooled; an id_list "
                            "feature is pooled", "give the id_list feature a table of its own")
@@ -129,6 +139,7 @@ def _tables(ctx: _Ctx, node: Node) -> tuple[TableSpec, ...]:
     out = []
     for name, tnode in entries.items():
         path = f"tables.{name}"
+        ctx.name(name, tnode, path)
         t = ctx.mapping(tnode, path, TABLE_KEYS)
         for req in ("num_embeddings", "dim"):
             if req not in t:
@@ -153,6 +164,7 @@ def _sequences(ctx: _Ctx, node: Node | None, table_names: set[str], claim) -> tu
     out = []
     for name, snode in ctx.mapping(node, "sequences").items():
         path = f"sequences.{name}"
+        ctx.name(name, snode, path)
         claim(name, snode, path)
         s = ctx.mapping(snode, path, SEQUENCE_KEYS)
         for req in SEQUENCE_KEYS:
@@ -165,6 +177,7 @@ def _sequences(ctx: _Ctx, node: Node | None, table_names: set[str], claim) -> tu
             raise ctx.fail(s["fields"], f"{path}.fields", "a sequence needs at least one field")
         for fname, fnode in fmap.items():
             fpath = f"{path}.fields.{fname}"
+            ctx.name(fname, fnode, fpath)
             f = ctx.mapping(fnode, fpath, SEQ_FIELD_KEYS)
             if "type" not in f:
                 raise ctx.fail(fnode, f"{fpath}.type", "is required but missing", "allowed: " + ", ".join(SEQ_FIELD_TYPES))
@@ -195,6 +208,7 @@ def _features(ctx: _Ctx, node: Node | None, table_names: set[str], claim) -> tup
     out = []
     for name, fnode in ctx.mapping(node, "features").items():
         path = f"features.{name}"
+        ctx.name(name, fnode, path)
         claim(name, fnode, path)
         f = ctx.mapping(fnode, path, FEATURE_KEYS)
         if "type" not in f:
@@ -228,6 +242,7 @@ def _labels(ctx: _Ctx, node: Node, claim) -> tuple[LabelSpec, ...]:
     out = []
     for name, lnode in entries.items():
         path = f"labels.{name}"
+        ctx.name(name, lnode, path)
         claim(name, lnode, path)
         spec = {} if lnode.value is None else ctx.mapping(lnode, path, LABEL_KEYS)
         mask = ctx.string(spec["mask"], f"{path}.mask") if "mask" in spec else None
@@ -236,8 +251,20 @@ def _labels(ctx: _Ctx, node: Node, claim) -> tuple[LabelSpec, ...]:
                            _suggest(mask, [n for n in entries if n != name]))
         weight = ctx.string(spec["weight"], f"{path}.weight") if "weight" in spec else None
         if weight is not None:
+            ctx.name(weight, spec["weight"], f"{path}.weight")
             claim(weight, spec["weight"], f"{path}.weight")
         out.append(LabelSpec(name=name, mask=mask, weight=weight))
+    masks = {label.name: label.mask for label in out}
+    for label in out:  # masks must not form a cycle (click masked by conversion masked by click)
+        chain, cur = [label.name], label.mask
+        while cur is not None:
+            if cur in chain:
+                node = entries[label.name].value["mask"]
+                raise ctx.fail(node, f"labels.{label.name}.mask",
+                               "label masks form a cycle: " + " -> ".join([*chain, cur]),
+                               "at least one label in the chain must be observed on every row (no mask)")
+            chain.append(cur)
+            cur = masks[cur]
     return tuple(out)
 
 
@@ -246,6 +273,7 @@ def _metadata(ctx: _Ctx, node: Node | None, claim) -> dict[str, str]:
         return {}
     out = {}
     for name, mnode in ctx.mapping(node, "metadata").items():
+        ctx.name(name, mnode, f"metadata.{name}")
         claim(name, mnode, f"metadata.{name}")
         out[name] = ctx.choice(mnode, f"metadata.{name}", METADATA_TYPES)
     return out

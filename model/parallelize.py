@@ -99,6 +99,7 @@ class ParallelConfig:
 
 @dataclass
 class TrainOutput:
+    loss: torch.Tensor  # this rank's loss (detached); the global loss is the mean over ranks
     logits: torch.Tensor
     per_task: dict[str, torch.Tensor]
     aux_loss: torch.Tensor
@@ -172,20 +173,39 @@ class TrainModule(nn.Module):
         return self._body(batch, ec_out, ebc_out)
 
 
-def make_loss_fn(tasks: list[str]):
-    """(ModelOutput, batch) -> (loss, TrainOutput): the multitask loss plus the MoE auxiliary loss."""
-    from model.losses import multitask_loss
+def make_loss_fn(tasks: list[str], group=None):
+    """(ModelOutput, batch) -> (loss, TrainOutput) for one rank of a data-parallel run.
+
+    The multitask loss (model/losses.py: per task sum(mask * weight * bce) / sum(mask * weight)) of
+    the GLOBAL batch: the denominators are all-reduced over ranks, and rank r's loss is
+    world * (its share of each task's numerator) / (global denominator), so the mean of the ranks'
+    losses, whose gradient data parallelism computes, is exactly the single-process loss of the
+    global batch, masked tasks included. `TrainOutput.per_task` holds this rank's share of each
+    task's global loss (they add up over ranks). The MoE auxiliary loss is added as is (an
+    expert-parallel MoE already computes it over the global batch).
+    """
+    import torch.distributed as dist
+    import torch.nn.functional as F
 
     def loss_fn(out, batch):
+        ws = dist.get_world_size(group) if dist.is_initialized() else 1
         logits = out.logits.float()
-        total, per_task = multitask_loss(logits, batch.labels, batch.label_mask, batch.weights, tasks)
+        bce = F.binary_cross_entropy_with_logits(logits, batch.labels.float(), reduction="none")
+        w = batch.label_mask.float() * batch.weights.float()
+        num = (bce * w).sum(dim=0)
+        den = w.sum(dim=0).detach()
+        if ws > 1:
+            den = den.clone()
+            dist.all_reduce(den, group=group)
+        share = torch.where(den > 0, num / den.clamp_min(torch.finfo(torch.float32).tiny), num * 0)
+        total = share.sum() * ws
         aux = out.aux_loss
         if isinstance(aux, torch.Tensor):
             total = total + aux.float()
         else:
             aux = torch.zeros((), device=logits.device)
-        return total, TrainOutput(logits=logits.detach(), per_task={k: v.detach() for k, v in per_task.items()},
-                                  aux_loss=aux.detach())
+        per_task = {name: share[i].detach() for i, name in enumerate(tasks)}
+        return total, TrainOutput(loss=total.detach(), logits=logits.detach(), per_task=per_task, aux_loss=aux.detach())
 
     return loss_fn
 
@@ -461,6 +481,11 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     so = sparse_optim or {"name": "sgd", "lr": 0.01}
+    # DMP builds its own table shards; copy the model's initial values in so a sharded run starts
+    # where a single-process one does (skipped for tables built on the meta device)
+    init_tables = {f"embeddings.{n}.{k}": v.detach().clone() for n in ("ec", "ebc")
+                   if getattr(emb, n) is not None for k, v in getattr(emb, n).state_dict().items()
+                   if not v.is_meta}
     apply_sparse_optimizer(model, so["name"], so["lr"], so.get("eps", 1e-8), so.get("weight_decay", 0.0))
     constraints, notes = table_constraints(schema, device.type, cfg.strict_sharding)
     sharders = [EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()]
@@ -493,6 +518,8 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         dmp = DMPCollection(module=tm, device=device, plan=plan, world_size=ws, sharding_group_size=group,
                             global_pg=dist.GroupMember.WORLD, sharders=sharders,
                             data_parallel_wrapper=_DenseWrapper())
+    if init_tables:
+        _load_tables(dmp, init_tables)
     text = describe_plan(plan, notes)
     if dist.get_rank() == 0:
         log(text)
@@ -500,6 +527,26 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
             f"dense: {cfg.dense} over mesh {tuple(mesh.shape)} ({len(units)} units), bf16: {mp}")
     return Parallelized(model=dmp, train_module=tm, plan=plan, plan_text=text, plan_dict=plan_to_dict(plan),
                         mesh=mesh, fsdp_units=units, sparse_optimizer=dmp.fused_optimizer, notes=notes)
+
+
+def _load_tables(dmp: nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copies full table values into this rank's shards."""
+    sd = dmp.state_dict()
+    with torch.no_grad():
+        for key, value in full.items():
+            st = sd.get(key)
+            if st is None:
+                raise ParallelConfigError(f"parallelize: sharded model has no {key}")
+            if hasattr(st, "local_shards"):
+                for shard in st.local_shards():
+                    o, z = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                    shard.tensor.copy_(value[o[0]:o[0] + z[0], o[1]:o[1] + z[1]])
+            elif hasattr(st, "to_local"):  # DTensor
+                from torch.distributed.tensor import distribute_tensor
+
+                st.to_local().copy_(distribute_tensor(value.to(st.device), st.device_mesh, st.placements).to_local())
+            else:
+                st.copy_(value)
 
 
 def _dense_wrap(tm: TrainModule, cfg: ParallelConfig, mesh, mp: bool, keep_out) -> list[str]:

@@ -70,7 +70,7 @@ def test_layer_options_reach_the_kernel_calls(batch, monkeypatch):
     assert calls == [(None, 2, True, "softmax"), (8, None, True, "softmax"), (None, None, False, "softmax")]
 
 
-@pytest.mark.parametrize("name", ["full", "window", "block", "mixed", "pos_bias_only_bidirectional", "silu"])
+@pytest.mark.parametrize("name", ["full", "mixed", "pos_bias_only_bidirectional", "silu"])
 def test_padded_impl_equals_jagged(name, batch):
     torch.manual_seed(0)
     jagged = build_model(SCHEMA, OPTIONS[name])

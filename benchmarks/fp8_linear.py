@@ -196,6 +196,10 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         t, tiles = best
         bw = (nbytes_in + outs) / t / 1e9
         out.append(dict(kernel=label, ms=t, gbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
+    for label, row, col in (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True)):
+        t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col, mx._rowwise_scale), rep=100)
+        bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
+        out.append(dict(kernel=label, ms=t, gbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9

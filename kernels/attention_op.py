@@ -43,7 +43,7 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     return torch.stack([row, tile], dim=1).to(torch.int32).contiguous(), n_items
 
 
-def _plan(q: Tensor, k: Tensor, len_key: int) -> dict:
+def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int) -> dict:
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
@@ -51,6 +51,9 @@ def _plan(q: Tensor, k: Tensor, len_key: int) -> dict:
     else:
         tile_q = 128 if block_d <= 128 else 64
         tile_kv = 128 if block_d <= 64 else 64
+        if block_size > 0:  # tiles no larger than the block keep block-local work at O(L*S)
+            tile_q = min(tile_q, max(16, triton.next_power_of_2(block_size)))
+            tile_kv = min(tile_kv, max(16, triton.next_power_of_2(block_size)))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     return dict(block_d=block_d, tile_q=tile_q, tile_kv=tile_kv, prec=prec, len_key=len_key)
 
@@ -83,7 +86,7 @@ def jagged_attn_fwd(
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return out, lse
-    plan = _plan(q, k, len_key)
+    plan = _plan(q, k, len_key, block_size)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
@@ -116,7 +119,7 @@ def jagged_attn_bwd(
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
     do = do.contiguous()
-    plan = _plan(q, k, len_key)
+    plan = _plan(q, k, len_key, block_size)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
     common = (scale, float(max(norm, 1)), max(window, 0), len_key)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
+    AUTOTUNE,
     INTERPRET,
     LOG2E,
     act_fwd_bwd,
@@ -32,10 +33,11 @@ def _configs(name: str) -> list[triton.Config]:
     inner = "BLOCK_M" if name == "dkdv" else "BLOCK_N"
     if INTERPRET:
         return [triton.Config({inner: 16}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({inner: b}, num_warps=w, num_stages=s)
-        for b in (32, 64) for w in (4, 8) for s in (2, 3)
+    configs = [
+        triton.Config({inner: b}, num_warps=w, num_stages=2)
+        for b, w in ((32, 4), (64, 8), (32, 8), (64, 4))
     ]
+    return configs if AUTOTUNE else configs[:1]
 
 
 @triton.jit

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# GEMTRAIN_ATTN_AUTOTUNE=0 uses one configuration per kernel (fast compile for correctness runs).
+AUTOTUNE = os.environ.get("GEMTRAIN_ATTN_AUTOTUNE", "1") != "0"
 LOG2E = tl.constexpr(1.4426950408889634)
 
 ACT_CODES = {"softmax": 0, "silu": 1, "gelu": 2}

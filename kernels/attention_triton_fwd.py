@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
+    AUTOTUNE,
     INTERPRET,
     LOG2E,
     act_fwd,
@@ -23,10 +24,11 @@ from kernels.attention_triton_common import (
 def _configs() -> list[triton.Config]:
     if INTERPRET:
         return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bn in (64, 128) for w in (4, 8) for s in (2, 3)
+    configs = [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=3)
+        for bn, w in ((64, 4), (64, 8), (128, 8), (32, 4))
     ]
+    return configs if AUTOTUNE else configs[:1]
 
 
 @triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"])

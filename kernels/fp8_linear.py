@@ -126,7 +126,7 @@ class _Plan:
             return mx.mx_quantize(x, axis, backend=self.backend)
         if self.recipe == "blockwise":
             return mx.quantize_1x128(x, axis, backend=self.backend)
-        return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis)
+        return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis, backend=self.backend)
 
     def act_both(self, x: torch.Tensor, saved_input: bool = False) -> tuple[Any, Any]:
         if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
@@ -135,6 +135,10 @@ class _Plan:
             return mx.mx_quantize_both(x, backend=self.backend)
         if self.recipe == "blockwise":
             return mx.quantize_1x128_both(x, backend=self.backend)
+        if self.recipe == "rowwise":
+            if self.native and x.shape[0] % 16:  # only the per-column copy needs the padded reduction dim
+                return self.act(x, 1), self.act(x, 0)
+            return mx.quantize_rowwise_both(x, backend=self.backend)
         return self.act(x, 1), self.act(x, 0)
 
     def weight(self, w: torch.Tensor) -> tuple[Any, Any]:

@@ -275,12 +275,10 @@ def quantize_128x128(w: torch.Tensor, backend: str = "auto") -> tuple[ScaledTens
     return ScaledTensor(q, s, (n, k), "128x128"), ScaledTensor(qt, st, (k, n), "128x128")
 
 
-def quantize_rowwise(x: torch.Tensor, axis: int = 1) -> ScaledTensor:
-    """One power-of-two scale per row (axis=1) or per column (axis=0, returned in the x.T layout).
-
-    Pure PyTorch on every device (the scale needs the whole row; the cast is the same on CPU and CUDA).
-    """
-    _check_2d(x, "quantize_rowwise")
+def quantize_rowwise_ref(x: torch.Tensor, axis: int = 1) -> ScaledTensor:
+    """Reference rowwise quantization: one power-of-two scale per row (axis=1) or per column (axis=0,
+    returned in the x.T layout); scale [rows, 1] fp32."""
+    _check_2d(x, "quantize_rowwise_ref")
     m = x if axis == 1 else x.t()
     mf = m.float()
     amax_bits = (mf.view(torch.int32) & 0x7FFFFFFF).amax(dim=1, keepdim=True)
@@ -305,3 +303,30 @@ def dequantize_scaled(t: ScaledTensor, dtype: torch.dtype = torch.float32) -> to
     else:
         raise MXFormatError(f"dequantize_scaled: unknown kind {t.kind!r}; expected 1x128, 128x128 or rowwise")
     return out[:, :c].to(dtype)
+
+
+def quantize_rowwise(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> ScaledTensor:
+    """Rowwise quantization (see the reference); Triton: a max pass, then a quantize pass."""
+    if _pick_backend(backend, x, "quantize_rowwise") == "ref":
+        return quantize_rowwise_ref(x, axis)
+    _check_2d(x, "quantize_rowwise")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize_rowwise(x, axis == 1, axis == 0, _rowwise_scale)
+    out = rows if axis == 1 else cols
+    return ScaledTensor(out[0], out[1], out[2], "rowwise")
+
+
+def quantize_rowwise_both(x: torch.Tensor, backend: str = "auto") -> tuple[ScaledTensor, ScaledTensor]:
+    """Per-row and per-column (x.T layout) quantization; Triton reads ``x`` twice in all."""
+    if _pick_backend(backend, x, "quantize_rowwise_both") == "ref":
+        return quantize_rowwise_ref(x, 1), quantize_rowwise_ref(x, 0)
+    _check_2d(x, "quantize_rowwise_both")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize_rowwise(x, True, True, _rowwise_scale)
+    return ScaledTensor(*rows, "rowwise"), ScaledTensor(*cols, "rowwise")
+
+
+def _rowwise_scale(amax_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _scale_bits_ref(amax_bits, e8m0=False)

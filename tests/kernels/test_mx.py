@@ -65,6 +65,18 @@ def test_1x128_triton_matches_reference_bitwise(dtype, axis):
     assert tri.scale.stride() == (1, rows)  # column-major, as scaled_mm reads it
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rowwise_triton_matches_reference_bitwise(dtype):
+    x = wide_input(40, 72, dtype, seed=8)
+    for axis in (0, 1):
+        ref, tri = mx.quantize_rowwise(x, axis, backend="ref"), mx.quantize_rowwise(x, axis, backend="triton")
+        assert torch.equal(bits(tri.data), bits(ref.data)) and torch.equal(bits(tri.scale), bits(ref.scale))
+        assert tri.scale.shape == (tri.data.shape[0], 1)
+    rows, cols = mx.quantize_rowwise_both(x, backend="triton")
+    assert torch.equal(bits(rows.data), bits(mx.quantize_rowwise_ref(x, 1).data))
+    assert torch.equal(bits(cols.data), bits(mx.quantize_rowwise_ref(x, 0).data))
+
+
 def test_both_layouts_from_one_read_match_single_layouts():
     x = wide_input(72, 96, torch.bfloat16, seed=5)
     rows, cols = mx.mx_quantize_both(x, backend="triton")

@@ -1,0 +1,333 @@
+"""Jagged attention on the GPU: correctness against float64, then timings beside the baselines.
+
+    python benchmarks/attention.py check              # kernel vs float64, every option, bf16/fp16/fp32
+    python benchmarks/attention.py bench A B          # batches A and B (device README), issue-4 rows
+    python benchmarks/attention.py local              # block-local / window section (issue 5)
+
+Baselines run in the same process: ``flex_attention`` (compiled) on the packed batch with a document
+mask (and the same bias as ``score_mod``), and padded ``scaled_dot_product_attention`` (flash backend).
+Times are medians of CUDA-event timings after warm-up; useful TFLOP/s count real tokens only
+(``kernels.jagged_attention_flops``). Each section prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels import RelativeBias, jagged_attention, jagged_attention_flops
+
+BATCHES = {"A": (64, 4096, 8, 128), "B": (256, 1024, 4, 64)}
+NUM_POS, NUM_TIME = 129, 32
+
+
+def lengths(batch: int, max_len: int, seed: int = 0) -> torch.Tensor:
+    """Lognormal lengths exp(N(log(max_len/4), 1)) clipped to [16, max_len] (device README)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.exp(torch.randn(batch, generator=g, dtype=torch.float64) + math.log(max_len / 4))
+    return x.clamp(16, max_len).to(torch.int64)
+
+
+def offsets_of(lens: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
+
+
+def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------------------------- check
+def check() -> list[str]:
+    rows = ["| case | dtype | out err (ours / ref-lowp) | worst grad err (ours / ref-lowp) | ok |", "|---|---|---|---|---|"]
+    torch.manual_seed(0)
+    cases = []
+    for act in ("softmax", "silu", "gelu"):
+        for causal in (False, True):
+            cases.append(dict(act=act, causal=causal, bias=True, nt=causal, cross=False, bs=None, w=None, d=64))
+        cases.append(dict(act=act, causal=True, bias=True, nt=False, cross=True, bs=None, w=None, d=128))
+        cases.append(dict(act=act, causal=True, bias=True, nt=False, cross=False, bs=64, w=None, d=128))
+        cases.append(dict(act=act, causal=False, bias=False, nt=False, cross=False, bs=None, w=100, d=32))
+    cases.append(dict(act="softmax", causal=True, bias=False, nt=False, cross=False, bs=None, w=None, d=256))
+    all_ok = True
+    for c in cases:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            if dtype != torch.bfloat16 and c["act"] != "softmax":
+                continue  # fp16/fp32 pointwise paths are covered by the CPU interpreter tests
+            ok, line = _check_case(c, dtype)
+            all_ok &= ok
+            rows.append(line)
+    rows.append(f"\nALL OK: {all_ok}")
+    return rows
+
+
+def _check_case(c: dict, dtype: torch.dtype) -> tuple[bool, str]:
+    H, D = 2, c["d"]
+    lk = torch.tensor([0, 1, 77, 300, 129, 64])
+    lq = torch.tensor([0, 1, 16, 16, 5, 16]) if c["cross"] else lk.clone()
+    if not c["cross"]:
+        lq[2] = 0  # a row with keys but no queries
+    qo, ko = offsets_of(lq), offsets_of(lk)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(int(lq.sum()), H, D, device="cuda", generator=g, dtype=torch.float64)
+    k = torch.randn(int(lk.sum()), H, D, device="cuda", generator=g, dtype=torch.float64)
+    v = torch.randn(int(lk.sum()), H, D, device="cuda", generator=g, dtype=torch.float64)
+    do = torch.randn_like(q)
+    pos = torch.randn(NUM_POS, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+    tim = torch.randn(NUM_TIME, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+    ts_k = torch.randint(0, 10**7, (int(lk.sum()),), device="cuda", generator=g)
+    ts_q = torch.randint(0, 10**7, (int(lq.sum()),), device="cuda", generator=g)
+    nt = torch.tensor([0, 0, 0, 5, 2, 16], device="cuda") if c["nt"] else None
+
+    def run(dt: torch.dtype, impl: str) -> list[torch.Tensor]:
+        leaves = [t.to(dt).detach().requires_grad_() for t in (q, k, v)]
+        tables = [t.to(torch.float64 if dt == torch.float64 else torch.float32).detach().requires_grad_()
+                  for t in (pos, tim)]
+        bias = RelativeBias(tables[0], tables[1], ts_q, ts_k) if c["bias"] else None
+        out = jagged_attention(*leaves, qo, ko, activation=c["act"], causal=c["causal"], bias=bias,
+                               block_size=c["bs"], window=c["w"], num_targets=nt, impl=impl)
+        out.backward(do.to(dt))
+        grads = [t.grad for t in leaves] + ([t.grad for t in tables] if c["bias"] else [])
+        return [out] + grads
+
+    ref = run(torch.float64, "ref")
+    lowp = run(dtype, "ref")
+    ours = run(dtype, "triton")
+    torch.cuda.synchronize()
+    floor = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 5e-3}[dtype]
+    errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
+    ok = all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
+    worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
+    name = (f"{c['act']} causal={c['causal']} bias={c['bias']} targets={c['nt']} cross={c['cross']} "
+            f"block={c['bs']} window={c['w']} D={c['d']}")
+    return ok, (f"| {name} | {str(dtype)[6:]} | {errs[0][0]:.1e} / {errs[0][1]:.1e} | "
+                f"{worst[0]:.1e} / {worst[1]:.1e} | {'yes' if ok else 'NO'} |")
+
+
+# ----------------------------------------------------------------------------------------------- bench
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return torch.compile(flex_attention, dynamic=False), create_block_mask
+
+
+def _block_mask(create_block_mask, mask_mod, q_len: int, kv_len: int):
+    try:
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device="cuda", _compile=True)
+    except TypeError:
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device="cuda")
+
+
+def _time_pair(fwd: Callable[[], torch.Tensor], grad: torch.Tensor, params: list[torch.Tensor]) -> tuple[float, float]:
+    def fb() -> None:
+        for p in params:
+            p.grad = None
+        fwd().backward(grad)
+
+    with torch.no_grad():
+        t_f = cuda_time(fwd)
+    return t_f, cuda_time(fb)
+
+
+def _packed(t: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [1, H, T, D]
+    return t.detach().permute(1, 0, 2).unsqueeze(0).contiguous().requires_grad_()
+
+
+def _padded(t: torch.Tensor, offs: torch.Tensor, lens: torch.Tensor, max_len: int) -> torch.Tensor:
+    B = lens.numel()
+    out = t.new_zeros(B, max_len, *t.shape[1:])
+    idx = torch.arange(max_len, device=t.device)[None, :]
+    valid = idx < lens.cuda()[:, None]
+    out[valid] = t.detach()
+    return out.transpose(1, 2).contiguous().requires_grad_()
+
+
+def bench(name: str) -> list[str]:
+    B, max_len, H, D = BATCHES[name]
+    flex, create_block_mask = _flex()
+    lens = lengths(B, max_len)
+    offs = offsets_of(lens)
+    T = int(lens.sum())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda n: torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    q, k, v = mk(T), mk(T), mk(T)
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    doc = torch.repeat_interleave(torch.arange(B, device="cuda"), lens.cuda())
+    pos_in_row = torch.arange(T, device="cuda") - offs[:-1][doc]
+    ts = (torch.randint(0, 3600, (T,), device="cuda", generator=g).cumsum(0))
+    pos_w = (torch.randn(NUM_POS, H, device="cuda", generator=g) * 0.1).requires_grad_()
+    time_w = (torch.randn(NUM_TIME, H, device="cuda", generator=g) * 0.1).requires_grad_()
+    qf, kf, vf = _packed(q), _packed(k), _packed(v)
+    dof = do.permute(1, 0, 2).unsqueeze(0).contiguous()
+    qp, kp, vp = (_padded(t, offs, lens, max_len) for t in (q, k, v))
+    dop = _padded(do, offs, lens, max_len).detach()
+    pad_ratio = B * max_len / T
+    rows = [f"### Batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, bf16, ΣL={T} "
+            f"(padded box {pad_ratio:.2f}x real tokens)", "",
+            "| row | impl | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | ours vs this (fwd / fwd+bwd) |",
+            "|---|---|---|---|---|---|---|"]
+
+    def emit(row: str, results: list[tuple[str, float | None, float | None]], flops: int) -> None:
+        ours_f, ours_fb = results[0][1], results[0][2]
+        for impl, tf, tfb in results:
+            tflops_f = f"{flops / tf / 1e9:.0f}" if tf else "-"
+            tflops_fb = f"{3.5 * flops / tfb / 1e9:.0f}" if tfb else "-"
+            ratio = (f"{tf / ours_f:.2f}x / {tfb / ours_fb:.2f}x" if tf and tfb and impl != "ours" else "")
+            rows.append(f"| {row} | {impl} | {tf or float('nan'):.3f} | {tfb or float('nan'):.3f} | "
+                        f"{tflops_f} | {tflops_fb} | {ratio} |")
+        print("\n".join(rows[-len(results):]), flush=True)
+
+    def safe(fn: Callable[[], tuple[float, float]]) -> tuple[float | None, float | None]:
+        try:
+            return fn()
+        except Exception as e:  # a baseline that cannot run this case is reported, not fatal
+            print(f"  baseline failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            return None, None
+
+    for causal in (True, False):
+        flops = jagged_attention_flops(offs, offs, H, D, causal=causal)
+        ours = _time_pair(lambda c=causal: jagged_attention(q, k, v, offs, offs, causal=c, max_kv_len=max_len),
+                          do, [q, k, v])
+        mask = (lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j)) if causal else (lambda b, h, i, j: doc[i] == doc[j])
+        bm = _block_mask(create_block_mask, mask, T, T)
+        fx = safe(lambda bm=bm: _time_pair(lambda: flex(qf, kf, vf, block_mask=bm), dof, [qf, kf, vf]))
+
+        def sdpa(c=causal):
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(qp, kp, vp, is_causal=c)
+        sd = safe(lambda: _time_pair(sdpa, dop, [qp, kp, vp]))
+        emit(f"{'causal' if causal else 'non-causal'} softmax", [("ours", *ours), ("flex", *fx), ("padded SDPA", *sd)],
+             flops)
+        if causal:
+            soft_causal = ours
+
+    # Relative position + time bias (learnable tables), causal.
+    flops = jagged_attention_flops(offs, offs, H, D, causal=True)
+    bias = RelativeBias(pos_w, time_w, ts, ts)
+    ours = _time_pair(lambda: jagged_attention(q, k, v, offs, offs, causal=True, bias=bias, max_kv_len=max_len),
+                      do, [q, k, v, pos_w, time_w])
+    half = (NUM_POS - 1) // 2
+
+    def score_mod(score, b, h, i, j):
+        pb = (pos_in_row[i] - pos_in_row[j]).clamp(-half, NUM_POS - 1 - half) + half
+        dt = (ts[i] - ts[j]).abs() + 1
+        tb = torch.floor(torch.log2(dt.to(torch.float32))).clamp(0, NUM_TIME - 1).to(torch.int64)
+        return score + pos_w[pb, h] + time_w[tb, h]
+
+    bm = _block_mask(create_block_mask, lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j), T, T)
+
+    def flex_bias(opts=None):
+        return _time_pair(lambda: flex(qf, kf, vf, score_mod=score_mod, block_mask=bm, kernel_options=opts),
+                          dof, [qf, kf, vf, pos_w, time_w])
+    fx = safe(flex_bias)
+    if fx[0] is None:
+        fx = safe(lambda: flex_bias({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64,
+                                     "BLOCK_M2": 64, "BLOCK_N2": 32, "num_stages": 1}))
+    emit("causal softmax + pos/time bias", [("ours", *ours), ("flex score_mod", *fx)], flops)
+
+    # Cross attention: 16 candidate tokens per row over the whole history.
+    lq = torch.full((B,), 16, dtype=torch.int64)
+    qo = offsets_of(lq)
+    qc = mk(16 * B)
+    doc_c = torch.repeat_interleave(torch.arange(B, device="cuda"), 16)
+    flops = jagged_attention_flops(qo, offs, H, D)
+    doc_ = torch.randn(16 * B, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    ours = _time_pair(lambda: jagged_attention(qc, k, v, qo, offs, max_kv_len=max_len), doc_, [qc, k, v])
+    bm_c = _block_mask(create_block_mask, lambda b, h, i, j: doc_c[i] == doc[j], 16 * B, T)
+    qcf = _packed(qc)
+    fx = safe(lambda: _time_pair(lambda: flex(qcf, kf, vf, block_mask=bm_c), _packed(doc_).detach(),
+                                 [qcf, kf, vf]))
+    qcp = qc.detach().view(B, 16, H, D).transpose(1, 2).contiguous().requires_grad_()
+    dcp = doc_.view(B, 16, H, D).transpose(1, 2).contiguous()
+
+    def sdpa_c():
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qcp, kp, vp)
+    sd = safe(lambda: _time_pair(sdpa_c, dcp, [qcp, kp, vp]))
+    emit("cross attention (Lq=16)", [("ours", *ours), ("flex", *fx), ("padded SDPA", *sd)], flops)
+
+    # Causal silu: no baseline can do it; compared with our own causal softmax.
+    flops = jagged_attention_flops(offs, offs, H, D, causal=True)
+    ours = _time_pair(lambda: jagged_attention(q, k, v, offs, offs, activation="silu", causal=True,
+                                               max_kv_len=max_len), do, [q, k, v])
+    emit("causal silu (vs our softmax)", [("ours", *ours), ("ours softmax", *soft_causal)], flops)
+    return rows
+
+
+def _local_masks(doc: torch.Tensor) -> dict[str, Callable]:
+    return {"block": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i // 64 == j // 64),
+            "window": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i - j <= 256)}
+
+
+def local() -> list[str]:
+    """Issue 5: block-local (S=64) and window (W=256) vs full causal and flex, B*L constant."""
+    H, D, tokens = 8, 128, 1 << 17
+    flex, create_block_mask = _flex()
+    rows = [f"### Block-local / window, B*L={tokens}, H={H}, D={D}, bf16, causal, fwd+bwd ms", "",
+            "| L | B | block S=64 | flex block | window W=256 | flex window | full causal (ours) | "
+            "block vs flex | window vs flex | full / block | block fwd ms | block fwd GB/s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    qf, kf, vf = _packed(q), _packed(k), _packed(v)
+    dof = do.permute(1, 0, 2).unsqueeze(0).contiguous()
+    for L in (2048, 4096, 8192, 16384, 32768):
+        B = tokens // L
+        offs = offsets_of(torch.full((B,), L, dtype=torch.int64))
+        doc = torch.arange(tokens, device="cuda") // L
+        res = {}
+        for key, kw in (("block", dict(block_size=64)), ("window", dict(window=256)), ("full", {})):
+            res[key] = _time_pair(
+                lambda kw=kw, offs=offs, L=L: jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=L, **kw),
+                do, [q, k, v])
+        fx = {}
+        for key, mm in _local_masks(doc).items():
+            bm = _block_mask(create_block_mask, mm, tokens, tokens)
+            fx[key] = _time_pair(lambda bm=bm: flex(qf, kf, vf, block_mask=bm), dof, [qf, kf, vf])
+        gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
+        rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {fx['block'][1]:.3f} | {res['window'][1]:.3f} | "
+                    f"{fx['window'][1]:.3f} | {res['full'][1]:.3f} | {fx['block'][1] / res['block'][1]:.2f}x | "
+                    f"{fx['window'][1] / res['window'][1]:.2f}x | {res['full'][1] / res['block'][1]:.1f}x | "
+                    f"{res['block'][0]:.3f} | {gbs:.0f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    out: list[str] = []
+    what = argv[1] if len(argv) > 1 else "bench"
+    if what == "check":
+        out = check()
+    elif what == "bench":
+        for name in argv[2:] or ["A", "B"]:
+            out += bench(name) + [""]
+    elif what == "local":
+        out = local()
+    print("\n".join(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

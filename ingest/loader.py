@@ -109,6 +109,29 @@ class _Task:
         return sum(s.rows for s in self.slices)
 
 
+@dataclass(frozen=True)
+class _Raised:
+    """An exception from a pipeline thread, carried to the consumer and raised there as itself.
+
+    (torchdata re-raises worker exceptions by type and message, which fails for exceptions with
+    keyword constructors; carrying the object keeps the original type, fields and message.)
+    """
+
+    error: BaseException
+
+
+def _catching(fn):
+    def run(item):
+        if isinstance(item, _Raised):
+            return item
+        try:
+            return fn(item)
+        except Exception as e:  # noqa: BLE001 - re-raised unchanged in the consumer
+            return _Raised(e)
+
+    return run
+
+
 def _tasks(slices: list[ReadSlice]) -> list[_Task]:
     out: list[_Task] = []
     run: list[ReadSlice] = []
@@ -200,18 +223,21 @@ class Loader:
         tasks = _tasks(plan.slices(self.rank, start_w * s))
         t = self.config.num_threads
         read: tn.BaseNode = tn.IterableWrapper(tasks)
-        read = tn.ParallelMapper(read, self._read, num_workers=t, in_order=True, method="thread") if t \
-            else tn.Mapper(read, self._read)
+        read = tn.ParallelMapper(read, _catching(self._read), num_workers=t, in_order=True, method="thread") \
+            if t else tn.Mapper(read, _catching(self._read))
         read.reset()
         node: tn.BaseNode = tn.IterableWrapper(self._assemble(read, plan, start_w, skip))
-        node = tn.ParallelMapper(node, self._convert, num_workers=t, in_order=True, method="thread") if t \
-            else tn.Mapper(node, self._convert)
+        node = tn.ParallelMapper(node, _catching(self._convert), num_workers=t, in_order=True,
+                                 method="thread") if t else tn.Mapper(node, _catching(self._convert))
         if t and self.config.prefetch:
             node = tn.Prefetcher(node, prefetch_factor=self.config.prefetch)
         if self.config.pin_memory and torch.cuda.is_available():
             node = tn.PinMemory(node)
         node.reset()
-        for batch, info in node:
+        for item in node:
+            if isinstance(item, _Raised):
+                raise item.error
+            batch, info = item
             self._advance(info)
             self.stats.rows_read += batch.batch_size
             self.stats.batches += 1
@@ -262,7 +288,11 @@ class Loader:
         have = 0
         acc: list[pa.Table] = []
         acc_pos = 0
-        for task, table in read:
+        for item in read:
+            if isinstance(item, _Raised):
+                yield item
+                return
+            task, table = item
             pending.append((table, task.rows))
             have += task.rows
             while w < plan.num_windows and have >= plan.window_len(w):

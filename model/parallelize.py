@@ -454,7 +454,9 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         raise ParallelConfigError("parallelize: no process group; call train.distributed.setup() first")
     ws = dist.get_world_size()
     mp = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and device.type == "cuda")
-    if cfg.expert_parallel > 1:
+    if _has_moe(model):
+        # every MoE, also at expert_parallel 1: its load-balance statistics are all-reduced, so the
+        # auxiliary loss is that of the global batch, as in a single process
         ep_mesh = build_mesh(device.type, ep=cfg.expert_parallel)
         apply_expert_parallel(model, ep_mesh["ep"].get_group(),
                               ep_mesh["ep_replicate"].get_group() if ws > cfg.expert_parallel else None)
@@ -675,6 +677,11 @@ class ExpertParallelMoE(nn.Module):
         order = torch.argsort(flat_e, stable=True)
         token = order // k
         sorted_e = flat_e[order]
+        if self.ep == 1:  # every expert is here: MoE's own dispatch
+            sizes = torch.bincount(flat_e, minlength=e).tolist()
+            ys = [expert(c) for expert, c in zip(self.experts, x.index_select(0, token).split(sizes))]
+            y = torch.cat(ys, dim=0) * gates.reshape(-1)[order][:, None].to(ys[0].dtype)
+            return y.new_zeros(x.shape[0], y.shape[1]).index_add(0, token, y), aux
         dest = sorted_e // self.local
         send = torch.bincount(dest, minlength=self.ep)
         recv = torch.empty_like(send)
@@ -724,6 +731,12 @@ def _ep_load_hook(module, state_dict, prefix, *_args):
             value = state_dict.pop(key)
             if module.first <= g < module.first + module.local:
                 state_dict[f"{prefix}experts.{g - module.first}.{tail}"] = value
+
+
+def _has_moe(model: nn.Module) -> bool:
+    from model.moe import MoE
+
+    return any(isinstance(m, MoE) for m in model.modules())
 
 
 def apply_expert_parallel(model: nn.Module, ep_group, replicate_group=None) -> int:

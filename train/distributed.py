@@ -148,29 +148,10 @@ def teardown() -> None:
 
 
 def build_mesh(device_type: str, *, replicate: int = 1, shard: int | None = None, ep: int | None = None):
-    """A DeviceMesh over the world.
+    """A DeviceMesh over the world: ("shard",), ("replicate", "shard") for HSDP or ("ep_replicate", "ep")."""
+    from model.parallelize import build_mesh as _build
 
-    - `build_mesh(t)`: 1D ("shard",) over all ranks (FSDP).
-    - `build_mesh(t, replicate=R)`: 2D ("replicate", "shard") of R x world/R (HSDP: shard inside a
-      group, replicate across groups).
-    - `build_mesh(t, ep=E)`: 2D ("ep_replicate", "ep") of world/E x E; experts are spread over "ep".
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    ws = world_size()
-    if ep is not None:
-        if ep < 1 or ws % ep:
-            raise DistributedError(f"expert-parallel size {ep} must divide the world size {ws}")
-        return init_device_mesh(device_type, (ws // ep, ep), mesh_dim_names=("ep_replicate", "ep"))
-    if shard is None:
-        if replicate < 1 or ws % replicate:
-            raise DistributedError(f"replicate={replicate} must divide the world size {ws}")
-        shard = ws // replicate
-    if replicate * shard != ws:
-        raise DistributedError(f"mesh {replicate} x {shard} does not cover the world size {ws}")
-    if replicate == 1:
-        return init_device_mesh(device_type, (shard,), mesh_dim_names=("shard",))
-    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+    return _build(device_type, replicate=replicate, shard=shard, ep=ep)
 
 
 # ---- cross-rank reductions for metrics -----------------------------------------------------

@@ -23,7 +23,8 @@ Everything is derived from the schema, so any schema works:
   Bernoulli draw with its own feature effects and a weaker history effect. Its `p_<label>`
   column is the conditional probability given the mask label is 1 (what the masked task learns).
 - Metadata: `row_id` is the global row index; `p_<label>` is the true probability of a label;
-  `request_ts` is the request time; any other column gets seeded values of its type.
+  `request_ts` is the request time; a string column holds the row index as text; any other
+  column gets seeded values of its type.
 - Ids are within table ranges, except hashed features, which get raw int64 ids of any value.
 """
 
@@ -341,6 +342,8 @@ def _chunk(plan: _Plan, seed: int, chunk: int) -> tuple[dict[str, pa.Array], _Tr
             v = request_ts
         elif name.startswith("p_") and name[2:] in truth.p:
             v = truth.p[name[2:]]
+        elif mtype == "string":
+            v = row_ids
         elif mtype in ("float32", "float64"):
             v = rng.random(n)
         else:
@@ -472,20 +475,22 @@ def default_row_group_rows(schema: FeatureSchema, rows_per_file: int) -> int:
 
 
 def parquet_write_options(schema: FeatureSchema) -> dict:
-    """zstd, page checksums; dictionaries only for small id tables; delta-encoded timestamps."""
-    small, ts = [], []
+    """zstd, page checksums; dictionaries only for small id tables; delta timestamps, split floats."""
+    small, encoding = [], {}
     for s in schema.sequences:
         for f in s.fields:
             path = f"{s.name}.list.element.{f.name}"
             if f.type == "timestamp":
-                ts.append(path)
+                encoding[path] = "DELTA_BINARY_PACKED"
+            elif f.type == "float":
+                encoding[path] = "BYTE_STREAM_SPLIT"
             elif f.type == "id" and not f.hash and schema.table(f.table).num_embeddings <= 4096:
                 small.append(path)
     for f in schema.features:
         if f.type == "id" and not f.hash and schema.table(f.table).num_embeddings <= 4096:
             small.append(f.name)
     return dict(compression="zstd", write_page_checksum=True, use_dictionary=small,
-                column_encoding={p: "DELTA_BINARY_PACKED" for p in ts} or None)
+                column_encoding=encoding or None)
 
 
 def _ahead(pool: ThreadPoolExecutor | None, fn, items: list, depth: int):

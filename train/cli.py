@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "train.commands.schema_cmd",
     "train.commands.data_cmd",
     "train.commands.model_cmd",
+    "train.commands.train_cmd",
     "train.commands.launch_cmd",
     "train.commands.report_cmd",
     "train.commands.events_cmd",

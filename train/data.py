@@ -1,0 +1,199 @@
+"""The trainer's data side: synthetic data on first run, loaders from the run config, device prefetch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from features.errors import GemtrainError
+from features.schema import FeatureSchema
+from ingest.batch import JaggedBatch
+from train.config import ConfigError, RunConfig
+
+DONE_MARKER = "_SYNTH_DONE"
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _local_path(url: str) -> Path:
+    return Path(url[len("file://"):] if url.startswith("file://") else url)
+
+
+def has_parquet(url: str) -> bool:
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        return bool(fs.glob(root.rstrip("/") + "/**.parquet")) or (root.endswith(".parquet") and fs.exists(root))
+    except (FileNotFoundError, OSError, ValueError):
+        return False
+
+
+def ensure_synthetic(cfg: RunConfig, schema: FeatureSchema, log: Callable[[str], None] = print) -> None:
+    """Writes the train and held-out splits when synthetic data is enabled and they are not there yet.
+
+    Local folders are written to a temporary sibling and renamed, so an interrupted run never
+    leaves a half-written split that later looks complete. Both splits share the synthetic ground
+    truth (it depends on the schema only); the held-out split uses another seed, so other rows.
+    """
+    s = cfg.data.synth
+    if not s.enabled:
+        return
+    from ingest.synth import write_synthetic
+
+    splits = [(cfg.data.train_url, s.train_rows, s.seed)]
+    if cfg.data.eval_url:
+        splits.append((cfg.data.eval_url, s.eval_rows, s.seed + 1_000_003))
+    for url, rows, seed in splits:
+        if _is_local(url):
+            final = _local_path(url)
+            if (final / DONE_MARKER).exists():
+                continue
+            if final.exists() and any(final.iterdir()):
+                raise GemtrainError(f"{final}: the folder holds files but no '{DONE_MARKER}' marker of a "
+                                    "finished synthetic split (remove the folder to regenerate it, or "
+                                    "set data.synth.enabled=false to train on what is there)")
+            log(f"generating {rows:,} synthetic rows into {final} ...")
+            tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_synthetic(schema, str(tmp), rows, seed=seed, files=s.files)
+            (tmp / DONE_MARKER).write_text(f"rows={rows} seed={seed}\n")
+            if final.exists():
+                final.rmdir()
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        elif not has_parquet(url):
+            log(f"generating {rows:,} synthetic rows into {url} ...")
+            write_synthetic(schema, url, rows, seed=seed, files=s.files)
+
+
+def make_loader(schema: FeatureSchema, cfg: RunConfig, url: str, *, batch_size: int, shuffle: bool,
+                epochs: int | None, seed: int, remainder: str | None = None) -> Any:
+    try:
+        from ingest.loader import Loader, LoaderConfig
+    except ImportError:  # TEMPORARY until ingest/loader.py lands
+        return _TmpLoader(schema, url, batch_size, shuffle, epochs, seed, remainder)
+
+    allowed = {f.name for f in dataclasses.fields(LoaderConfig)}
+    fixed = {"url", "batch_size", "shuffle", "epochs", "seed"}
+    extra = dict(cfg.data.loader)
+    for k in extra:
+        if k not in allowed or k in fixed:
+            raise ConfigError(f"unknown loader setting '{k}'", file=cfg.source, key=f"data.loader.{k}",
+                              hint="allowed here: " + ", ".join(sorted(allowed - fixed)))
+    if remainder is not None:
+        extra["remainder"] = remainder
+    lc = LoaderConfig(url=url, batch_size=batch_size, shuffle=shuffle, epochs=epochs, seed=seed, **extra)
+    return Loader(schema, lc)
+
+
+class DevicePrefetcher:
+    """Yields (batch on device, loader state after it) with the next batch already on its way.
+
+    On CUDA the next batch is copied on a side stream while the current step computes (call
+    `preload()` once the step's work is queued); the compute stream waits for the copy before use.
+    The loader's state is read right after a batch is taken, only for the batches `want_state`
+    selects (checkpoint steps), so a checkpoint resumes after exactly the batches trained on.
+    """
+
+    def __init__(self, loader: Any, device: torch.device, want_state: Callable[[int], bool],
+                 transform: Callable[[JaggedBatch], JaggedBatch] | None = None):
+        self.loader = loader
+        self.it: Iterator[JaggedBatch] = iter(loader)
+        self.device = device
+        self.want_state = want_state
+        self.transform = transform
+        self.index = 0  # index of the next batch taken from the loader
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._next: tuple[JaggedBatch, Any, JaggedBatch] | None = None
+        self._done = False
+
+    def preload(self) -> None:
+        if self._next is not None or self._done:
+            return
+        try:
+            cpu = next(self.it)
+        except StopIteration:
+            self._done = True
+            return
+        if self.transform is not None:
+            cpu = self.transform(cpu)
+        state = self.loader.state_dict() if self.want_state(self.index) else None
+        self.index += 1
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                dev = cpu.to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            dev = cpu.to(self.device)
+        else:
+            dev = cpu
+        self._next = (dev, state, cpu)
+
+    def next(self) -> tuple[JaggedBatch, Any] | None:
+        """The next (device batch, loader state or None), or None when the data is exhausted."""
+        self.preload()
+        if self._next is None:
+            return None
+        dev, state, _ = self._next
+        self._next = None
+        if self.stream is not None:
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_stream(self.stream)
+            dev.record_stream(cur)
+        return dev, state
+
+
+def real_events(batch: JaggedBatch) -> int:
+    return int(sum(s.real_events for s in batch.stats.sequences.values()))
+
+
+def log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class _TmpLoader:  # TEMPORARY stand-in for ingest.loader.Loader (sequential, resumable by batch count)
+    def __init__(self, schema, url, batch_size, shuffle, epochs, seed, remainder):
+        import glob
+
+        self.schema, self.batch_size, self.epochs, self.seed = schema, batch_size, epochs, seed
+        self.shuffle = shuffle
+        self.files = sorted(glob.glob(str(_local_path(url)) + "/*.parquet"))
+        self.state = {"epoch": 0, "batch": 0}
+        self.remainder = remainder
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, s):
+        self.state = dict(s)
+
+    def __iter__(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ingest.convert import table_to_batch
+
+        table = pa.concat_tables([pq.read_table(f) for f in self.files])
+        n = table.num_rows
+        while self.epochs is None or self.state["epoch"] < self.epochs:
+            g = np.random.default_rng(self.seed + self.state["epoch"])
+            perm = g.permutation(n) if self.shuffle else np.arange(n)
+            nb = n // self.batch_size if self.remainder != "pad_with_repeat" else -(-n // self.batch_size)
+            while self.state["batch"] < nb:
+                b = self.state["batch"]
+                idx = perm[b * self.batch_size:(b + 1) * self.batch_size]
+                if len(idx) < self.batch_size:
+                    idx = np.concatenate([idx, idx[: self.batch_size - len(idx)]])
+                self.state["batch"] += 1
+                yield table_to_batch(table.take(idx), self.schema)
+            self.state = {"epoch": self.state["epoch"] + 1, "batch": 0}

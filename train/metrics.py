@@ -1,0 +1,104 @@
+"""Per-task binary metrics: normalized entropy (NE), AUC and calibration.
+
+The formulas are torchrec's (`torchrec.metrics.ne`, `.auc`, `.calibration`): this module only keeps
+the running states of several tasks and, for AUC, the predictions of the current window. A task's
+examples are the rows where its label is observed (`label_mask`), weighted by `weights`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torchrec.metrics.auc import compute_auc
+from torchrec.metrics.calibration import compute_calibration, get_calibration_states
+from torchrec.metrics.ne import compute_logloss, compute_ne, get_ne_states
+
+ETA = 1e-12
+
+
+@dataclass
+class _TaskState:
+    ce_sum: float = 0.0
+    weighted_num_samples: float = 0.0
+    pos_labels: float = 0.0
+    neg_labels: float = 0.0
+    calibration_num: float = 0.0
+    calibration_denom: float = 0.0
+    preds: list[torch.Tensor] = field(default_factory=list)
+    labels: list[torch.Tensor] = field(default_factory=list)
+    weights: list[torch.Tensor] = field(default_factory=list)
+    oracle_ce_sum: float = 0.0
+    has_oracle: bool = False
+
+
+class TaskMetrics:
+    """Accumulates NE, AUC, calibration (and the oracle NE, given true probabilities) for each task."""
+
+    def __init__(self, tasks: list[str] | tuple[str, ...], *, auc: bool = True, max_auc_examples: int = 2_000_000):
+        self.tasks = list(tasks)
+        self.auc = auc
+        self.max_auc_examples = max_auc_examples
+        self.reset()
+
+    def reset(self) -> None:
+        self._s = {t: _TaskState() for t in self.tasks}
+        self._auc_examples = 0
+
+    @torch.no_grad()
+    def update(self, probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
+               oracle: dict[str, torch.Tensor] | None = None) -> None:
+        """probs/labels/mask/weights: [B, T]; oracle: task -> [B] true probabilities (optional)."""
+        probs = probs.detach().float().cpu()
+        labels = labels.detach().float().cpu()
+        w = (mask * weights).detach().float().cpu()
+        store = self.auc and self._auc_examples < self.max_auc_examples
+        for i, t in enumerate(self.tasks):
+            s = self._s[t]
+            p, y, wt = probs[:, i], labels[:, i], w[:, i]
+            ne = get_ne_states(y, p, wt, ETA)
+            s.ce_sum += float(ne["cross_entropy_sum"])
+            s.weighted_num_samples += float(ne["weighted_num_samples"])
+            s.pos_labels += float(ne["pos_labels"])
+            s.neg_labels += float(ne["neg_labels"])
+            cal = get_calibration_states(y, p, wt)
+            s.calibration_num += float(cal["calibration_num"])
+            s.calibration_denom += float(cal["calibration_denom"])
+            if oracle is not None and t in oracle:
+                op = oracle[t].detach().float().cpu()
+                s.oracle_ce_sum += float(get_ne_states(y, op, wt, ETA)["cross_entropy_sum"])
+                s.has_oracle = True
+            if store:
+                keep = wt > 0
+                s.preds.append(p[keep])
+                s.labels.append(y[keep])
+                s.weights.append(wt[keep])
+        if store:
+            self._auc_examples += int(probs.shape[0])
+
+    def _ne(self, s: _TaskState, ce_sum: float) -> float:
+        t = lambda x: torch.tensor(x, dtype=torch.float64)
+        return float(compute_ne(t(ce_sum), t(s.weighted_num_samples), t(s.pos_labels), t(s.neg_labels), ETA))
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        """task -> {ne, logloss, auc, calibration, examples, positives[, oracle_ne]} (NaN where undefined)."""
+        out: dict[str, dict[str, float]] = {}
+        t = lambda x: torch.tensor(x, dtype=torch.float64)
+        for name, s in self._s.items():
+            r: dict[str, float] = {"examples": s.weighted_num_samples, "positives": s.pos_labels}
+            if s.weighted_num_samples <= 0:
+                out[name] = r | {"ne": float("nan"), "logloss": float("nan"), "auc": float("nan"),
+                                 "calibration": float("nan")}
+                continue
+            r["ne"] = self._ne(s, s.ce_sum)
+            r["logloss"] = float(compute_logloss(t(s.ce_sum), t(s.pos_labels), t(s.neg_labels), ETA))
+            r["calibration"] = float(compute_calibration(t(s.calibration_num), t(s.calibration_denom)))
+            if s.has_oracle:
+                r["oracle_ne"] = self._ne(s, s.oracle_ce_sum)
+            if s.preds:
+                p, y, w = torch.cat(s.preds), torch.cat(s.labels), torch.cat(s.weights)
+                r["auc"] = float(compute_auc(1, [p.view(1, -1)], [y.view(1, -1)], [w.view(1, -1)])[0])
+            else:
+                r["auc"] = float("nan")
+            out[name] = r
+        return out

@@ -1,0 +1,483 @@
+"""The training loop: `Trainer(cfg, run_dir).fit()` and `.evaluate()`.
+
+- Data: the loader's threads read and decode; `DevicePrefetcher` copies the next batch to the device
+  (on CUDA on a side stream) while the current step computes.
+- Optimizers: dense parameters with AdamW; the embedding tables (every torchrec EmbeddingCollection /
+  EmbeddingBagCollection in the model) with torchrec's `RowWiseAdagrad` or Adam. Both are
+  `KeyedOptimizerWrapper`s in one torchrec `CombinedOptimizer`, so the optimizer state is keyed by
+  parameter name (what DCP and torchrec's sharded optimizers use), and stepped after backward (not
+  fused into backward), so the NaN/Inf guard and gradient clipping see the gradients before any
+  update. Sharded runs get torchrec's fused (in-backward) optimizers from DMP instead.
+- LR: linear warm-up, then linear or cosine decay to `min_lr_ratio` at `train.steps` (dense only;
+  the sparse optimizer keeps its learning rate, as row-wise Adagrad is usually run).
+- bf16 autocast on CUDA; float32 on CPU. The loss is computed in float32.
+- NaN/Inf guard: a step whose loss or gradient norm is not finite is skipped (no update) and
+  counted; training stops with an error after `train.nan_guard_max` of them.
+- Outputs in the run dir: metrics.jsonl (one JSON per logged step / evaluation), summary.json,
+  checkpoints/, tb/ (TensorBoard, if installed), report.html.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from features.errors import GemtrainError
+from features.schema import FeatureSchema, load_schema
+from ingest.batch import JaggedBatch, PaddingStats
+from train import checkpoint as ckpt
+from train.config import RunConfig
+from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
+from train.metrics import TaskMetrics
+
+
+class TrainingStopped(GemtrainError):
+    """Training stopped early (too many non-finite steps)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GemtrainError(f"train.device={name}, but CUDA is not available here (use --train.device=cpu)")
+    return dev
+
+
+def lr_factor(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
+    """LR multiplier for the update made at `step` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if decay == "none" or total <= warmup:
+        return 1.0
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    if decay == "linear":
+        return 1.0 - (1.0 - min_ratio) * frac
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def embedding_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, EmbeddingCollection | EmbeddingBagCollection)]
+
+
+def split_params(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, nn.Parameter]]:
+    """(dense, sparse) trainable parameters by name; sparse = the embedding tables."""
+    sparse_ids = set()
+    for _, m in embedding_modules(model):
+        sparse_ids.update(id(p) for p in m.parameters())
+    dense, sparse = {}, {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (sparse if id(p) in sparse_ids else dense)[name] = p
+    return dense, sparse
+
+
+def build_optimizer(model: nn.Module, cfg: RunConfig):
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    o = cfg.optim
+    dense, sparse = split_params(model)
+    opts = []
+    dense_opt = None
+    if dense:
+        dense_opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
+            ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=False))
+        opts.append(("dense", dense_opt))
+    if sparse:
+        s = o.sparse
+        if s.name == "rowwise_adagrad":
+            factory = lambda ps: RowWiseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
+        else:
+            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay,
+                                                  foreach=False)
+        opts.append(("sparse", KeyedOptimizerWrapper(sparse, factory)))
+    if not opts:
+        raise GemtrainError("the model has no trainable parameters")
+    return CombinedOptimizer(opts), dense_opt, list(dense.values()), list(sparse.values())
+
+
+@dataclass
+class _Window:
+    """Running totals between two log lines."""
+
+    t0: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    examples: int = 0
+    events: int = 0
+    loss_sum: float = 0.0
+    task_loss_sum: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
+                 model: nn.Module | None = None, quiet: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir else Path("runs") / cfg.name
+        self.resume = resume
+        self.log = (lambda _m: None) if quiet else log_stderr
+        self.schema: FeatureSchema = load_schema(cfg.schema_path())
+        self.tasks = list(self.schema.label_names)
+        self.device = resolve_device(cfg.train.device)
+        if cfg.train.torch_threads:
+            torch.set_num_threads(cfg.train.torch_threads)
+        self._seed(cfg.train.seed)
+        if model is None:
+            from model import build_model
+
+            model = build_model(self.schema, cfg.model)
+        self.model = model.to(self.device)
+        self.optimizer, self.dense_opt, self.dense_params, self.sparse_params = build_optimizer(self.model, cfg)
+        self.autocast = self.device.type == "cuda" and cfg.train.bf16
+        self.step = 0
+        self.skipped = 0
+        self.examples_seen = 0
+        self.events_seen = 0
+        self.train_time = 0.0
+        self.padding = PaddingStats()
+        self.loader_state: Any = None
+        self._tb = None
+        self._history: list[dict] = []
+
+    # ---- set-up -------------------------------------------------------------------------------
+    @staticmethod
+    def _seed(seed: int) -> None:
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+
+    def _loader(self, url: str, *, train: bool) -> Any:
+        c = self.cfg
+        if train:
+            return make_loader(self.schema, c, url, batch_size=c.train.batch_size, shuffle=True,
+                               epochs=c.data.epochs, seed=c.train.seed)
+        return make_loader(self.schema, c, url, batch_size=c.eval.batch_size or c.train.batch_size,
+                           shuffle=False, epochs=1, seed=c.train.seed, remainder="pad_with_repeat")
+
+    def _oracle(self, batch: JaggedBatch) -> dict[str, torch.Tensor] | None:
+        out = {t: batch.metadata[f"p_{t}"] for t in self.tasks if f"p_{t}" in batch.metadata}
+        return out or None
+
+    def _forward_loss(self, batch: JaggedBatch):
+        from model.losses import multitask_loss
+
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = self.model(batch)
+        logits = out.logits.float()
+        total, per_task = multitask_loss(logits, batch.labels, batch.label_mask, batch.weights, self.tasks)
+        aux = out.aux_loss
+        if aux is not None and not (isinstance(aux, float | int) and aux == 0):
+            total = total + aux.float()
+        return total, per_task, logits
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def _trainer_state(self) -> dict:
+        return {"step": self.step, "skipped": self.skipped, "examples_seen": self.examples_seen,
+                "events_seen": self.events_seen, "train_time": self.train_time, "padding": self.padding,
+                "loader": self.loader_state, "rng": ckpt.rng_state(self.device),
+                "lr_schedule": {"kind": self.cfg.optim.decay, "warmup": self.cfg.optim.warmup_steps,
+                                "total": self.cfg.train.steps, "base_lr": self.cfg.optim.lr, "step": self.step}}
+
+    def save_checkpoint(self) -> Path:
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.model.state_dict(), self.optimizer.state_dict(),
+                                    self._trainer_state(), self.cfg.checkpoint.keep_last)
+        self.log(f"checkpoint: {path}")
+        return path
+
+    def load_checkpoint(self, path: str | Path, *, model_only: bool = False) -> dict:
+        """Restores the model (and, unless model_only, optimizers, step, RNG, loader state)."""
+        model_sd = self.model.state_dict()
+        optim_sd = None
+        if not model_only:
+            self.optimizer.init_state()  # creates the lazy optimizer state, which DCP then fills in place
+            self.optimizer.zero_grad(set_to_none=True)
+            optim_sd = self.optimizer.state_dict()
+        state = ckpt.load_checkpoint(path, model_sd, optim_sd)
+        self.model.load_state_dict(model_sd)
+        if model_only:
+            return state
+        self.optimizer.load_state_dict(optim_sd)
+        self.step = state["step"]
+        self.skipped = state["skipped"]
+        self.examples_seen = state["examples_seen"]
+        self.events_seen = state["events_seen"]
+        self.train_time = state["train_time"]
+        self.padding = state["padding"]
+        self.loader_state = state["loader"]
+        ckpt.set_rng_state(state["rng"], self.device)
+        return state
+
+    # ---- logging --------------------------------------------------------------------------------
+    def _emit(self, rec: dict) -> None:
+        self._history.append(rec)
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec, allow_nan=True) + "\n")
+        if self._tb is not None:
+            prefix = rec.get("kind", "train")
+            for k, v in rec.items():
+                if isinstance(v, int | float) and k not in ("step",):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, rec["step"])
+
+    def _open_logs(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        mpath = self.run_dir / "metrics.jsonl"
+        if self.step == 0:
+            mpath.write_text("")
+        elif mpath.exists():  # drop records past the checkpoint we resumed from
+            keep = [ln for ln in mpath.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+            mpath.write_text("".join(ln + "\n" for ln in keep))
+            self._history = [json.loads(ln) for ln in keep]
+        (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1, default=str) + "\n")
+        if self.cfg.logging.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            except ImportError:
+                self._tb = None
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        c = self.cfg
+        t_start = time.perf_counter()
+        ensure_synthetic(c, self.schema, self.log)
+        if self.resume:
+            latest = ckpt.latest_checkpoint(self.run_dir)
+            if latest is None:
+                self.log(f"resume: no complete checkpoint under {self.run_dir}; starting from step 0")
+            else:
+                self.load_checkpoint(latest)
+                self.log(f"resumed from {latest} (step {self.step})")
+        self._open_logs()
+        loader = self._loader(c.data.train_url, train=True)
+        if self.loader_state is not None:
+            loader.load_state_dict(self.loader_state)
+
+        total = c.train.steps
+        every = c.train.checkpoint_every
+
+        def want_state(batch_index: int) -> bool:  # batch k is trained on by step k + 1
+            s = batch_index + 1 + self.step_at_start
+            return s == total or (every > 0 and s % every == 0)
+
+        self.step_at_start = self.step
+        pf = DevicePrefetcher(loader, self.device, want_state)
+        train_metrics = TaskMetrics(self.tasks, max_auc_examples=200_000)
+        win = _Window()
+        pbar = self._progress(total)
+        last_eval: dict | None = None
+        self.model.train()
+        try:
+            while self.step < total:
+                item = pf.next()
+                if item is None:
+                    self.log(f"the training data ran out after {self.step} steps (data.epochs={c.data.epochs})")
+                    break
+                batch, lstate = item
+                self._train_step(batch, pf, train_metrics, win)
+                if lstate is not None:
+                    self.loader_state = lstate
+                if self.step % c.train.log_every == 0 or self.step == total:
+                    rec = self._log_train(win, train_metrics)
+                    train_metrics.reset()
+                    win = _Window()
+                    if pbar is not None:
+                        pbar.set_postfix_str(self._postfix(rec), refresh=False)
+                if pbar is not None:
+                    pbar.update(1)
+                if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < total and c.data.eval_url:
+                    t = time.perf_counter()
+                    last_eval = self._eval_and_log()
+                    win.t0 += time.perf_counter() - t
+                if (every and self.step % every == 0) or (self.step == total and c.checkpoint.at_end):
+                    t = time.perf_counter()
+                    self.save_checkpoint()
+                    win.t0 += time.perf_counter() - t
+        finally:
+            if pbar is not None:
+                pbar.close()
+        if c.eval.at_end and c.data.eval_url:
+            last_eval = self._eval_and_log()
+        summary = self._summary(last_eval, time.perf_counter() - t_start)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
+        if self._tb is not None:
+            self._tb.close()
+        if c.logging.report:
+            from train.run_report import write_report
+
+            summary["report"] = str(write_report(self.run_dir, self._history, summary))
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
+        return summary
+
+    def _train_step(self, batch: JaggedBatch, pf: DevicePrefetcher, metrics: TaskMetrics, win: _Window) -> None:
+        c = self.cfg
+        t_step = time.perf_counter()
+        f = lr_factor(self.step, c.optim.warmup_steps, c.train.steps, c.optim.decay, c.optim.min_lr_ratio)
+        if self.dense_opt is not None:
+            for g in self.dense_opt.param_groups:
+                g["lr"] = c.optim.lr * f
+        loss, per_task, logits = self._forward_loss(batch)
+        ok = bool(torch.isfinite(loss))
+        if ok:
+            loss.backward()
+            pf.preload()  # the next batch's copy overlaps this step's backward and update
+            ok = self._grads_finite_and_clip()
+        else:
+            pf.preload()
+        if ok:
+            self.optimizer.step()
+        else:
+            self.skipped += 1
+            self.log(f"step {self.step + 1}: non-finite loss or gradients; step skipped "
+                     f"({self.skipped} of at most {c.train.nan_guard_max})")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        n, ev = batch.batch_size, real_events(batch)
+        self.examples_seen += n
+        self.events_seen += ev
+        self.padding += batch.stats
+        win.steps += 1
+        win.examples += n
+        win.events += ev
+        if ok:
+            win.loss_sum += float(loss.detach())
+            for k, v in per_task.items():
+                win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + float(v.detach())
+            metrics.update(torch.sigmoid(logits.detach()), batch.labels, batch.label_mask, batch.weights)
+        self.train_time += time.perf_counter() - t_step
+        if not ok and self.skipped >= c.train.nan_guard_max:
+            raise TrainingStopped(f"training stopped at step {self.step}: {self.skipped} steps had a non-finite "
+                                  f"loss or gradient (train.nan_guard_max={c.train.nan_guard_max}); check the "
+                                  "data for NaN/Inf values, or lower optim.lr")
+
+    def _grads_finite_and_clip(self) -> bool:
+        clip = self.cfg.optim.clip_grad_norm
+        grads = [p for p in self.dense_params if p.grad is not None]
+        norms = []
+        if grads:
+            norms.append(torch.nn.utils.clip_grad_norm_(grads, clip if clip > 0 else float("inf"),
+                                                        error_if_nonfinite=False, foreach=None))
+        sparse = [p.grad for p in self.sparse_params if p.grad is not None]
+        if sparse:
+            norms.append(torch.nn.utils.get_total_norm(sparse))
+        if not norms:
+            return True
+        return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+    def _log_train(self, win: _Window, metrics: TaskMetrics) -> dict:
+        dt = max(time.perf_counter() - win.t0, 1e-9)
+        good = max(1, win.steps - 0)
+        m = metrics.compute()
+        rec: dict[str, Any] = {"kind": "train", "step": self.step,
+                               "loss": win.loss_sum / good if win.steps else float("nan"),
+                               "lr": self.cfg.optim.lr * lr_factor(self.step - 1, self.cfg.optim.warmup_steps,
+                                                                  self.cfg.train.steps, self.cfg.optim.decay,
+                                                                  self.cfg.optim.min_lr_ratio),
+                               "examples_per_s": win.examples / dt, "events_per_s": win.events / dt,
+                               "skipped_steps": self.skipped}
+        for k, v in win.task_loss_sum.items():
+            rec[f"loss/{k}"] = v / good
+        for t, r in m.items():
+            rec[f"ne/{t}"] = r["ne"]
+            rec[f"auc/{t}"] = r["auc"]
+            rec[f"calibration/{t}"] = r["calibration"]
+        self._emit(rec)
+        return rec
+
+    def _postfix(self, rec: dict) -> str:
+        t0 = self.tasks[0]
+        return (f"loss={rec['loss']:.4f} ne={rec.get(f'ne/{t0}', float('nan')):.4f} "
+                f"ex/s={rec['examples_per_s']:,.0f} ev/s={rec['events_per_s']:,.0f}")
+
+    def _progress(self, total: int):
+        if not self.cfg.logging.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                    mininterval=0.5)
+
+    def _eval_and_log(self) -> dict:
+        rng = ckpt.rng_state(self.device)  # evaluation must not change the training's random stream
+        res = self.evaluate()
+        ckpt.set_rng_state(rng, self.device)
+        rec: dict[str, Any] = {"kind": "eval", "step": self.step}
+        for t, r in res["tasks"].items():
+            for k in ("ne", "auc", "calibration", "oracle_ne"):
+                if k in r:
+                    rec[f"{k}/{t}"] = r[k]
+        self._emit(rec)
+        t0 = self.tasks[0]
+        r0 = res["tasks"][t0]
+        self.log(f"eval @ step {self.step}: {t0} NE {r0['ne']:.4f} (oracle {r0.get('oracle_ne', float('nan')):.4f}) "
+                 f"AUC {r0['auc']:.4f} calibration {r0['calibration']:.3f}")
+        return res
+
+    @torch.no_grad()
+    def evaluate(self, url: str | None = None) -> dict:
+        """Held-out metrics per task: NE, AUC, calibration (and oracle NE where the data has it)."""
+        url = url or self.cfg.data.eval_url
+        if not url:
+            raise GemtrainError("no held-out data: set data.eval_url")
+        was_training = self.model.training
+        self.model.eval()
+        metrics = TaskMetrics(self.tasks)
+        loader = self._loader(url, train=False)
+        pf = DevicePrefetcher(loader, self.device, lambda _i: False)
+        t0 = time.perf_counter()
+        rows = batches = 0
+        seen: set[int] = set()
+        while True:
+            item = pf.next()
+            if item is None:
+                break
+            batch, _ = item
+            pf.preload()
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                out = self.model(batch)
+            probs = torch.sigmoid(out.logits.float())
+            # the last batch may repeat rows to fill it: count each row once
+            ids = batch.row_ids.cpu().tolist()
+            keep = torch.tensor([i not in seen and not seen.add(i) for i in ids], dtype=torch.float32,
+                                device=probs.device).unsqueeze(1)
+            metrics.update(probs, batch.labels, batch.label_mask * keep, batch.weights, self._oracle(batch))
+            rows += int(keep.sum())
+            batches += 1
+            if self.cfg.eval.max_batches and batches >= self.cfg.eval.max_batches:
+                break
+        if was_training:
+            self.model.train()
+        return {"rows": rows, "seconds": time.perf_counter() - t0, "tasks": metrics.compute()}
+
+    def _summary(self, last_eval: dict | None, wall: float) -> dict:
+        last_train = next((r for r in reversed(self._history) if r.get("kind") == "train"), {})
+        return {
+            "name": self.cfg.name,
+            "run_dir": str(self.run_dir),
+            "steps": self.step,
+            "skipped_steps": self.skipped,
+            "examples": self.examples_seen,
+            "events": self.events_seen,
+            "train_seconds": self.train_time,
+            "wall_seconds": wall,
+            "examples_per_s": self.examples_seen / self.train_time if self.train_time else 0.0,
+            "events_per_s": self.events_seen / self.train_time if self.train_time else 0.0,
+            "device": str(self.device),
+            "bf16": self.autocast,
+            "use_history": bool(getattr(self.cfg.model, "use_history", True)),
+            "eval": last_eval["tasks"] if last_eval else None,
+            "eval_rows": last_eval["rows"] if last_eval else 0,
+            "train_last": {k: v for k, v in last_train.items() if k != "kind"},
+            "padding": self.padding.to_dict(),
+        }

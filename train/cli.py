@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "train.commands.launch_cmd",
     "train.commands.report_cmd",
     "train.commands.events_cmd",
+    "train.commands.inspect_cmd",
 ]
 
 

@@ -182,16 +182,24 @@ class FeatureSchema:
 # ---- loading ------------------------------------------------------------------------------
 
 
-def load_schema(path: str | Path) -> FeatureSchema:
-    """Loads and validates a schema file; raises SchemaError naming file, line and field."""
-    path = Path(path)
+def load_schema(path: str | Path, storage_options: dict | None = None) -> FeatureSchema:
+    """Loads and validates a schema file (a path or any fsspec URL); raises SchemaError naming
+    file, line and field."""
+    source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SchemaError(f"cannot read schema file: {e.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as e:
-        raise SchemaError(f"not a text (UTF-8) file: {e.reason} at byte {e.start}", file=str(path)) from None
-    return parse_schema(text, source=str(path))
+        if isinstance(path, str) and "://" in path:
+            import fsspec
+
+            with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+                data = fh.read()
+        else:
+            data = Path(path).read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, ValueError, ImportError) as e:
+        if isinstance(e, UnicodeDecodeError):
+            raise SchemaError(f"not a text (UTF-8) file: {e.reason} at byte {e.start}", file=source) from None
+        raise SchemaError(f"cannot read schema file: {getattr(e, 'strerror', None) or e}", file=source) from None
+    return parse_schema(text, source=source)
 
 
 def parse_schema(text: str, source: str = "<string>") -> FeatureSchema:

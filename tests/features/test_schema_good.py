@@ -40,3 +40,16 @@ def test_lookups_raise_key_error(demo_schema):
         demo_schema.table("nope")
     with pytest.raises(KeyError):
         demo_schema.sequence("nope")
+
+
+def test_load_from_an_fsspec_url():
+    import fsspec
+
+    with fsspec.open("memory://schemas/demo.yaml", "wb") as fh:
+        fh.write((SCHEMAS / "demo.yaml").read_bytes())
+    s = load_schema("memory://schemas/demo.yaml")
+    assert s.name == "demo" and s.source == "memory://schemas/demo.yaml"
+    from features import SchemaError
+
+    with pytest.raises(SchemaError, match="memory://schemas/none.yaml: cannot read schema file"):
+        load_schema("memory://schemas/none.yaml")

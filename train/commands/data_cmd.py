@@ -41,7 +41,7 @@ def parse_storage_options(items: list[str] | None) -> dict:
     return out
 
 
-def _add_storage(p: argparse.ArgumentParser) -> None:
+def add_storage_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="fsspec storage option (repeatable), e.g. endpoint_url=http://localhost:9000, "
                         "key=..., secret=...; the usual environment variables work too")
@@ -51,7 +51,7 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
 
 
 def _add_synth(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schema", required=True, help="feature schema (YAML)")
+    p.add_argument("--schema", required=True, help="feature schema (YAML; a path or any fsspec URL)")
     p.add_argument("--out", required=True, help="output folder URL (any fsspec URL or a path)")
     p.add_argument("--rows", required=True, type=int, help="number of rows")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -62,18 +62,18 @@ def _add_synth(p: argparse.ArgumentParser) -> None:
                    help="threads generating row groups ahead of the writer (default: up to 8 cores)")
     p.add_argument("--report-rows", type=int, default=100_000,
                    help="rows used for the oracle / no-history NE summary (0 to skip; default 100000)")
-    _add_storage(p)
+    add_storage_option(p)
 
 
 def _run_synth(args: argparse.Namespace) -> int:
     from features import load_schema
     from ingest.synth import signal_report, write_synthetic
 
-    schema = load_schema(args.schema)
+    options = parse_storage_options(args.storage_option)
+    schema = load_schema(args.schema, options)
     t0 = time.perf_counter()
     paths = write_synthetic(schema, args.out, args.rows, seed=args.seed, files=args.files,
-                            row_group_rows=args.row_group_rows,
-                            storage_options=parse_storage_options(args.storage_option),
+                            row_group_rows=args.row_group_rows, storage_options=options,
                             threads=args.threads)
     dt = time.perf_counter() - t0
     print(f"wrote {args.rows} rows of schema '{schema.name}' (seed {args.seed}) to {len(paths)} files "
@@ -93,19 +93,19 @@ def _run_synth(args: argparse.Namespace) -> int:
 
 def _add_validate(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="a Parquet file or a folder of them (any fsspec URL or a path)")
-    p.add_argument("--schema", required=True, help="feature schema (YAML)")
+    p.add_argument("--schema", required=True, help="feature schema (YAML; a path or any fsspec URL)")
     p.add_argument("--threads", type=int, default=16, help="files checked in parallel (default 16)")
-    _add_storage(p)
+    add_storage_option(p)
 
 
 def _run_validate(args: argparse.Namespace) -> int:
     from features import load_schema
     from features.dataset_check import PAD_BATCH, check_dataset
 
-    schema = load_schema(args.schema)
+    options = parse_storage_options(args.storage_option)
+    schema = load_schema(args.schema, options)
     t0 = time.perf_counter()
-    res = check_dataset(args.url, schema, storage_options=parse_storage_options(args.storage_option),
-                        threads=args.threads)
+    res = check_dataset(args.url, schema, storage_options=options, threads=args.threads)
     dt = time.perf_counter() - t0
     bad = [f for f in res.files if not f.ok]
     for f in res.files:

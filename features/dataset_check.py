@@ -27,6 +27,7 @@ class FileCheck:
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
     lengths: dict[str, np.ndarray] = field(default_factory=dict)  # sequence -> per-row lengths
+    row_ids: list[np.ndarray] = field(default_factory=list)  # read by a deep check only
 
     @property
     def ok(self) -> bool:
@@ -100,20 +101,37 @@ def list_parquet_files(url: str, storage_options: dict | None = None) -> tuple[o
     return fs, sorted(paths)
 
 
-def check_file(fs, path: str, schema: FeatureSchema, *, read_lengths: bool = True) -> FileCheck:
-    """One file: footer, schema check and (if the schema matches) its history lengths."""
+def check_file(fs, path: str, schema: FeatureSchema, *, read_lengths: bool = True,
+               deep: bool = False) -> FileCheck:
+    """One file: footer, schema check and (if the schema matches) its history lengths.
+
+    `deep` also reads every row group with page checksums verified and checks the values
+    (`check_values`): nulls, ids outside their tables, labels that are not 0/1.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = FileCheck(url=fs.unstrip_protocol(path))
     try:
         with fs.open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
+            pf = pq.ParquetFile(fh, page_checksum_verification=deep)
             md = pf.metadata
             out.rows, out.row_groups = md.num_rows, md.num_row_groups
             out.bytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
             out.problems = [str(m) for m in check_arrow_schema(schema.arrow_schema(), pf.schema_arrow)]
-            if out.problems or not read_lengths:
+            if out.problems:
+                return out
+            if deep:
+                for rg in range(md.num_row_groups):
+                    try:
+                        table = pf.read_row_group(rg)
+                    except (OSError, pa.ArrowException) as e:
+                        out.problems.append(f"row group {rg}: cannot read: {e}")
+                        continue
+                    out.problems += [f"row group {rg}: {p}" for p in check_values(table, schema)]
+                    if "row_id" in schema.metadata:
+                        out.row_ids.append(table.column("row_id").to_numpy())
+            if not read_lengths:
                 return out
             for seq in schema.sequences:
                 leaf = _cheapest_leaf(md, seq.name)
@@ -125,6 +143,42 @@ def check_file(fs, path: str, schema: FeatureSchema, *, read_lengths: bool = Tru
     except (OSError, pa.ArrowException) as e:
         out.problems.append(f"cannot read: {e}")
     return out
+
+
+def check_values(table, schema: FeatureSchema) -> list[str]:
+    """Value problems of one table that the type check cannot see."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    problems = []
+    for name in table.column_names:
+        if table.column(name).null_count:
+            problems.append(f"{name}: {table.column(name).null_count} null values")
+
+    def id_range(values, where: str, table_name: str) -> None:
+        n = schema.table(table_name).num_embeddings
+        if len(values) == 0:
+            return
+        bad = pc.sum(pc.or_(pc.less(values, 0), pc.greater_equal(values, n))).as_py() or 0
+        if bad:
+            problems.append(f"{where}: {bad} ids outside the table '{table_name}' [0, {n}) "
+                            "(mark the feature `hash: true` if its ids are raw)")
+
+    for seq in schema.sequences:
+        events = pc.list_flatten(table.column(seq.name))
+        for f in seq.id_fields:
+            if not f.hash:
+                id_range(pc.struct_field(events, f.name), seq.key(f.name), f.table)
+    for f in schema.features:
+        if f.type in ("id", "id_list") and not f.hash:
+            col = table.column(f.name)
+            id_range(pc.list_flatten(col) if f.type == "id_list" else col, f.name, f.table)
+    for label in schema.labels:
+        col = table.column(label.name)
+        bad = len(col) - (pc.sum(pc.is_in(col, value_set=pa.array([0.0, 1.0], pa.float32()))).as_py() or 0)
+        if bad:
+            problems.append(f"{label.name}: {bad} labels are not 0 or 1")
+    return problems
 
 
 def _cheapest_leaf(md, column: str) -> str:
@@ -141,14 +195,39 @@ def _cheapest_leaf(md, column: str) -> str:
 
 
 def check_dataset(url: str, schema: FeatureSchema, *, storage_options: dict | None = None,
-                  threads: int = 16, read_lengths: bool = True) -> DatasetCheck:
-    """Checks every Parquet file under `url` against `schema`; never raises for a bad file."""
+                  threads: int = 16, read_lengths: bool = True, deep: bool = False) -> DatasetCheck:
+    """Checks every Parquet file under `url` against `schema`; never raises for a bad file.
+
+    `deep` reads all the data (see `check_file`) and also checks that row ids are unique.
+    """
     fs, paths = list_parquet_files(url, storage_options)
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
-        files = list(pool.map(lambda p: check_file(fs, p, schema, read_lengths=read_lengths), paths))
+        files = list(pool.map(lambda p: check_file(fs, p, schema, read_lengths=read_lengths, deep=deep),
+                              paths))
+    if deep and "row_id" in schema.metadata:
+        _check_row_ids(files)
     lengths = {}
     for seq in schema.sequences:
         parts = [f.lengths[seq.name] for f in files if seq.name in f.lengths]
         if parts:
             lengths[seq.name] = LengthStats.of(np.concatenate(parts), seq.max_length)
     return DatasetCheck(files, lengths)
+
+
+def _check_row_ids(files: list[FileCheck]) -> None:
+    """Names every file holding a row id that appears more than once in the dataset."""
+    parts = [(i, ids) for i, f in enumerate(files) for ids in f.row_ids]
+    if not parts:
+        return
+    ids = np.concatenate([p[1] for p in parts])
+    owner = np.concatenate([np.full(len(p[1]), p[0]) for p in parts])
+    order = np.argsort(ids, kind="stable")
+    dup = np.zeros(len(ids), bool)
+    same = ids[order][1:] == ids[order][:-1]
+    dup[order[1:][same]] = True
+    dup[order[:-1][same]] = True
+    for i in np.unique(owner[dup]):
+        n = int((dup & (owner == i)).sum())
+        files[i].problems.append(f"{n} row ids also appear elsewhere in the dataset (row_id must be unique)")
+    for f in files:
+        f.row_ids = []

@@ -95,3 +95,26 @@ def test_dataset_check_user_errors(demo_schema, tmp_path):
         check_dataset(str(tmp_path / "nope"), demo_schema)
     with pytest.raises(GemtrainError, match="no .parquet files"):
         check_dataset(str(tmp_path), demo_schema)
+
+
+def test_deep_check_finds_bad_values_and_duplicate_row_ids(demo_schema, demo_table, tmp_path):
+    t = demo_table.slice(0, 200)
+    pq.write_table(t, tmp_path / "a.parquet", row_group_size=100)
+    assert check_dataset(str(tmp_path), demo_schema, deep=True).ok
+    ad = t.column("ad_id").to_numpy().copy()
+    ad[:3] = 5000  # the ad table has 5000 rows
+    click = t.column("click").to_numpy().copy()
+    click[150] = 2.0
+    bad = t.set_column(t.schema.get_field_index("ad_id"), "ad_id", pa.array(ad))
+    bad = bad.set_column(bad.schema.get_field_index("click"), "click", pa.array(click))
+    age = pa.array([None] + t.column("user_age").to_pylist()[1:], pa.float32())
+    bad = bad.set_column(bad.schema.get_field_index("user_age"), "user_age", age)
+    pq.write_table(bad, tmp_path / "b.parquet", row_group_size=100)  # row ids repeat a.parquet's
+    res = check_dataset(str(tmp_path), demo_schema, deep=True)
+    a, b = res.files
+    assert a.problems == ["200 row ids also appear elsewhere in the dataset (row_id must be unique)"]
+    assert b.problems[:3] == ["row group 0: user_age: 1 null values",
+                              "row group 0: ad_id: 3 ids outside the table 'ad' [0, 5000) "
+                              "(mark the feature `hash: true` if its ids are raw)",
+                              "row group 1: click: 1 labels are not 0 or 1"]
+    assert not check_dataset(str(tmp_path), demo_schema).files[1].problems  # a footer check cannot see values

@@ -65,8 +65,9 @@ def test_synth_then_validate_local(tmp_path):
     assert "wrote 3000 rows" in r.stdout and "oracle NE" in r.stdout and "no-history NE" in r.stdout
     assert sorted(p.name for p in out.iterdir()) == [f"part-0000{i}.parquet" for i in range(3)]
 
-    v = gemtrain("data", "validate", str(out), "--schema", DEMO)
+    v = gemtrain("data", "validate", str(out), "--schema", DEMO, "--deep")
     assert v.returncode == 0, v.stdout + v.stderr
+    assert "(values checked too)" in v.stdout
     assert "3 files, 3000 rows, 9 row groups" in v.stdout and "history lengths: mean" in v.stdout
     assert "all files match schema 'demo'" in v.stdout
 

@@ -12,8 +12,10 @@ and an ("ep",) expert-parallel mesh (a sub-mesh of the world).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +139,40 @@ def setup(device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Di
         backend = dist.get_backend()
         r, ws = dist.get_rank(), dist.get_world_size()
     return DistInfo(r, ws, local, local_ws, dev, backend)
+
+
+_COLLECTIVE_SIGNS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "closed", "broken pipe",
+                     "socket", "collective", "process group", "watchdog")
+
+
+def _looks_collective(e: BaseException) -> bool:
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(e, dist_error):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e).lower() for s in _COLLECTIVE_SIGNS)
+
+
+@contextlib.contextmanager
+def collective_guard(what: str, timeout_s: float | None = None):
+    """Turns a failed collective (a dead or stuck peer) into a DistributedError saying so.
+
+    Other exceptions pass through unchanged.
+    """
+    t0 = time.monotonic()
+    try:
+        yield
+    except DistributedError:
+        raise
+    except Exception as e:
+        if not _looks_collective(e):
+            raise
+        r, ws = rank(), world_size()
+        limit = f" (collective timeout {timeout_s:.0f}s)" if timeout_s else ""
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise DistributedError(
+            f"rank {r} of {ws}: {what} failed in a collective after {time.monotonic() - t0:.1f}s{limit}: "
+            f"another rank died or stopped responding ({type(e).__name__}: {first}). The run stops here; "
+            "restart it with --resume to continue from the last checkpoint") from e
 
 
 def teardown() -> None:

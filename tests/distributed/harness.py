@@ -98,14 +98,21 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
 
 def check_sharded(info, variants=None) -> dict:
     """Loss, dense gradients and table updates of one step equal a single process on the global batch."""
-    variants = variants or {
-        "table_wise": {"item": "table_wise", "category": "table_wise", "user": "table_wise", "ad": "table_wise",
-                       "interest": "table_wise"},
-        "row_wise": {"item": "row_wise", "category": "row_wise", "user": "table_wise", "ad": "table_wise",
-                     "interest": "table_wise"},
-        "column_wise": {"item": "column_wise", "category": "column_wise", "user": "column_wise",
-                        "ad": "column_wise", "interest": "column_wise"},
-    }
+    variants = variants or {k: v for k, v in ALL_VARIANTS.items() if info.world_size == 2 or k != "table_wise"}
+    return _check_sharded(info, variants)
+
+
+ALL_VARIANTS = {
+    "table_wise": {"item": "table_wise", "category": "table_wise", "user": "table_wise", "ad": "table_wise",
+                   "interest": "table_wise"},
+    "row_wise": {"item": "row_wise", "category": "row_wise", "user": "table_wise", "ad": "table_wise",
+                 "interest": "table_wise"},
+    "column_wise": {"item": "column_wise", "category": "column_wise", "user": "column_wise",
+                    "ad": "column_wise", "interest": "column_wise"},
+}
+
+
+def _check_sharded(info, variants) -> dict:
     out = {}
     for name, sharding in variants.items():
         t0 = time.perf_counter()
@@ -153,7 +160,182 @@ def check_sharded(info, variants=None) -> dict:
     return out
 
 
-CHECKS = {"sharded": check_sharded}
+def make_optimizer(pz, lr: float = 0.05):
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+    dense = KeyedOptimizerWrapper(pz.dense_named_parameters(), lambda ps: torch.optim.Adam(ps, lr=lr))
+    return CombinedOptimizer([("dense", dense), ("sparse", pz.sparse_optimizer)])
+
+
+def sharded_model(info, schema, seed: int = 0, sparse_name: str = "rowwise_adagrad"):
+    model = fresh_model(schema, seed)
+    pz = par.parallelize(model, schema, par.ParallelConfig(), info.device,
+                         sparse_optim={"name": sparse_name, "lr": 0.05}, batch_size=ROWS_PER_RANK,
+                         loss_tasks=list(schema.label_names), log=lambda _m: None)
+    return pz, make_optimizer(pz)
+
+
+def check_pipeline(info) -> dict:
+    """TrainPipelineSparseDist gives the same losses as the plain loop (same model, data, optimizer)."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    schema = schema_with({"item": "row_wise", "user": "column_wise"})
+    batches = [local_batch(schema, ROWS_PER_RANK, 10 + i, info.rank, info.world_size) for i in range(4)]
+    pz, opt = sharded_model(info, schema)
+    plain = []
+    for b in batches:
+        opt.zero_grad()
+        loss, out = pz.model(b)
+        loss.backward()
+        opt.step()
+        plain.append(float(out.loss))
+    pz2, opt2 = sharded_model(info, schema)
+    pipe = TrainPipelineSparseDist(pz2.model, opt2, info.device, execute_all_batches=True)
+    piped = []
+    it = iter(batches)
+    while True:
+        try:
+            out = pipe.progress(it)
+        except StopIteration:
+            break
+        piped.append(float(out.loss))
+    emb = pz2.train_module.embeddings
+    pipelined = {m: type(getattr(emb, m).__dict__.get("forward")).__name__ for m in ("ec", "ebc")}
+    return {"plain": plain, "pipelined": piped, "pipelined_modules": pipelined}
+
+
+def check_moe_ep(info) -> dict:
+    """Expert-parallel MoE (experts spread over all ranks) == the single-device MoE on the global batch."""
+    from model.moe import MoE
+
+    e = 2 * info.world_size
+    torch.manual_seed(3)
+    moe = MoE(8, 16, e, 2, load_balance_weight=0.1)
+    ref = copy.deepcopy(moe)
+    n_per = [5, 7, 3][: info.world_size] if info.world_size <= 3 else [5] * info.world_size
+    n_total = sum(n_per)
+    gen = torch.Generator().manual_seed(4)
+    x_all = torch.randn(n_total, 8, generator=gen)
+    c_all = torch.randn(n_total, 8, generator=gen)
+    y_ref, aux_ref = ref(x_all)
+    ((y_ref * c_all).sum() / n_total + aux_ref).backward()
+    a = sum(n_per[: info.rank])
+    x, c = x_all[a:a + n_per[info.rank]], c_all[a:a + n_per[info.rank]]
+    mesh = par.build_mesh("cpu", ep=info.world_size)
+    ep = par.ExpertParallelMoE(moe, mesh["ep"].get_group())
+    y, aux = ep(x)
+    # this rank's share of the global objective, scaled so the mean over ranks is the global objective
+    (info.world_size * (y * c).sum() / n_total + aux).backward()
+    expert_err = 0.0
+    for i, ex in enumerate(ep.experts):
+        for (_n, p), (_, q) in zip(ex.named_parameters(), ref.experts[ep.first + i].named_parameters()):
+            expert_err = max(expert_err, float((p.grad - q.grad).abs().max()))
+    sd_keys = sorted(ep.state_dict())
+    return {"y_err": float((y - y_ref[a:a + len(x)]).abs().max()), "aux": float(aux), "aux_ref": float(aux_ref),
+            "router_grad_err": float((ep.router.weight.grad - ref.router.weight.grad).abs().max()),
+            "expert_grad_err": expert_err, "local_experts": [ep.first + i for i in range(ep.local)],
+            "state_dict_keys": sd_keys}
+
+
+def _train_steps(pz, opt, it, steps: int, rows: list[int]) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        b = next(it)
+        rows.extend(b.row_ids.tolist())
+        opt.zero_grad()
+        loss, out = pz.model(b)
+        loss.backward()
+        opt.step()
+        losses.append(float(out.loss))
+    return losses
+
+
+def make_loader(schema, data: str, rank: int, world: int):
+    from ingest.loader import Loader, LoaderConfig
+
+    cfg = LoaderConfig(url=data, batch_size=ROWS_PER_RANK, shuffle=True, seed=0, shuffle_buffer_rows=32,
+                       num_threads=0, prefetch=1, epochs=1)
+    return Loader(schema, cfg, rank=rank, world_size=world)
+
+
+CKPT_ROWS = 72
+CKPT_STEPS = 3
+
+
+def check_ckpt_save(info) -> dict:
+    """Train 3 steps at this world size from a synthetic dataset, then checkpoint (DCP + loader state)."""
+    from ingest.synth import write_synthetic
+    from train import dist_checkpoint as dckpt
+
+    schema = load_schema(SCHEMA)
+    out_dir = Path(os.environ["GEMTRAIN_TEST_OUT"])
+    data = str(out_dir / "data")
+    if info.rank == 0:
+        write_synthetic(schema, data, CKPT_ROWS, seed=5, files=3, row_group_rows=8)
+    dist.barrier()
+    pz, opt = sharded_model(info, schema)
+    loader = make_loader(schema, data, info.rank, info.world_size)
+    it = iter(loader)
+    rows: list[int] = []
+    losses = _train_steps(pz, opt, it, CKPT_STEPS, rows)
+    lstate = loader.state_dict()
+    sd = pz.model.state_dict()
+    path = dckpt.save(out_dir / "run", CKPT_STEPS, sd, opt.state_dict(), {"step": CKPT_STEPS, "loader": lstate},
+                      plan=pz.plan_dict)
+    return {"rows": rows, "losses": losses, "sums": dckpt.state_sums(sd), "path": str(path)}
+
+
+def check_ckpt_resume(info) -> dict:
+    """Resume the 2-rank checkpoint at this world size; train to the end of the epoch."""
+    from train import dist_checkpoint as dckpt
+
+    schema = load_schema(SCHEMA)
+    src = Path(os.environ["GEMTRAIN_TEST_CKPT"])
+    pz, opt = sharded_model(info, schema)
+    opt.init_state()
+    opt.zero_grad(set_to_none=True)
+    sd = pz.model.state_dict()
+    osd = opt.state_dict()
+    state = dckpt.load(src, sd, osd)
+    pz.model.load_state_dict(sd)
+    opt.load_state_dict(osd)
+    sums = dckpt.state_sums(pz.model.state_dict())
+    loader = make_loader(schema, str(src.parents[2] / "data"), info.rank, info.world_size)
+    loader.load_state_dict(state["loader"])
+    rows: list[int] = []
+    losses = []
+    it = iter(loader)
+    while True:
+        try:
+            losses += _train_steps(pz, opt, it, 1, rows)
+        except StopIteration:
+            break
+    return {"rows": rows, "losses": losses, "sums": sums, "step": state["step"]}
+
+
+def check_dead_rank(info) -> dict:
+    """The last rank exits in the middle of a step; the others must fail fast with a clear error."""
+    schema = load_schema(SCHEMA)
+    pz, opt = sharded_model(info, schema)
+    b = local_batch(schema, ROWS_PER_RANK, 20, info.rank, info.world_size)
+    last = info.world_size - 1
+    if info.rank == last:
+        pz.model(b)  # forward done, then the process dies before its backward collectives
+        os._exit(0)
+    t0 = time.perf_counter()
+    try:
+        with tdist.collective_guard("train step"):
+            loss, _ = pz.model(b)
+            loss.backward()
+            opt.step()
+            dist.barrier()
+        return {"raised": False, "seconds": time.perf_counter() - t0}
+    except tdist.DistributedError as e:
+        return {"raised": True, "seconds": time.perf_counter() - t0, "message": str(e)}
+
+
+CHECKS = {"sharded": check_sharded, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
+          "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "dead_rank": check_dead_rank}
 
 
 def _worker(rank: int, nproc: int, out: str, checks: list[str], port: int) -> None:
@@ -161,10 +343,13 @@ def _worker(rank: int, nproc: int, out: str, checks: list[str], port: int) -> No
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
     torch.set_num_threads(1)
     info = tdist.setup(device="cpu", timeout_s=float(os.environ.get("GEMTRAIN_TEST_TIMEOUT", "60")))
+    os.environ["GEMTRAIN_TEST_OUT"] = out
     results = {}
     for name in checks:
         results[name] = CHECKS[name](info)
         Path(out, f"rank{rank}.json").write_text(json.dumps(results, indent=1, default=str))
+    if "dead_rank" in checks:
+        os._exit(0)  # the group is broken on purpose: no barrier, no orderly teardown
     dist.barrier()
     tdist.teardown()
 

@@ -1,0 +1,125 @@
+"""Checkpoints of a sharded run: DCP save/load on every rank, in train/checkpoint.py's layout.
+
+Every rank writes its shards (torchrec's sharded tables, FSDP2's DTensor parameters, the optimizer
+states keyed by parameter name) with `torch.distributed.checkpoint`; rank 0 writes the trainer
+state (step, the global loader state, counters) and the sharding plan, then the COMPLETE marker,
+then renames the folder into place. A checkpoint therefore loads at any world size, sharded or
+not: DCP reads each rank's slices of every tensor from whatever shards hold them (2 -> 1, 1 -> 2,
+2 -> 3). The tables' fused-optimizer state (e.g. row-wise Adagrad's `momentum1`) reloads on any
+sharded world size; a single-process run keeps its own optimizer for the tables and starts that
+state afresh (it is keyed differently), while the tables, dense parameters and dense optimizer
+state carry over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from train import checkpoint as ckpt
+
+
+def _is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _is_dist():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _is_dist() else 0
+
+
+def save(run_dir: str | Path, step: int, model_sd: dict, optim_sd: dict | None, trainer_state: dict,
+         keep_last: int = 3, plan: dict | None = None) -> Path:
+    """Collective: every rank calls it with its own state dicts; returns the final folder."""
+    root = ckpt.checkpoint_dir(run_dir)
+    final = root / ckpt.step_dir_name(step)
+    tmp = root / f".tmp-{final.name}"
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    _barrier()
+    t0 = time.perf_counter()
+    state: dict[str, Any] = {"model": model_sd, "trainer": pickle.dumps(trainer_state)}
+    if optim_sd is not None:
+        state["optim"] = optim_sd
+    dcp.save(state, checkpoint_id=str(tmp))
+    _barrier()
+    if _rank() == 0:
+        if plan is not None:
+            (tmp / "sharding_plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        world = dist.get_world_size() if _is_dist() else 1
+        (tmp / ckpt.MARKER).write_text(json.dumps({"step": step, "time": time.time(), "world_size": world,
+                                                   "save_s": round(time.perf_counter() - t0, 3)}) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in ckpt.complete_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load(path: str | Path, model_sd: dict, optim_sd: dict | None) -> dict:
+    """Collective: loads in place into the given state dicts (any world size); returns the trainer state.
+
+    Optimizer entries that the checkpoint does not hold (another optimizer layout) keep their values.
+    """
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    path = ckpt.resolve_checkpoint(path)
+    state: dict[str, Any] = {"model": model_sd, "trainer": b""}
+    if optim_sd is not None:
+        state["optim"] = optim_sd
+    try:
+        dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+    except Exception as e:
+        raise ckpt.CheckpointError(f"{path}: cannot load this checkpoint: {type(e).__name__}: {str(e)[:500]} "
+                                   "(was it written with another model config or schema?)") from e
+    missing = _missing_model_keys(path, model_sd)
+    if missing:
+        raise ckpt.CheckpointError(f"{path}: the checkpoint lacks model entries {missing[:5]} "
+                                   f"({len(missing)} in all); it was written for another model")
+    raw = state["trainer"]
+    if hasattr(raw, "getvalue"):
+        raw = raw.getvalue()
+    return pickle.loads(raw)
+
+
+def _missing_model_keys(path: Path, model_sd: dict) -> list[str]:
+    reader = dcp.FileSystemReader(str(path))
+    keys = set(reader.read_metadata().state_dict_metadata)
+    return [k for k in model_sd if f"model.{k}" not in keys and isinstance(model_sd[k], torch.Tensor)]
+
+
+def state_sums(model_sd: dict) -> dict[str, float]:
+    """Sum of every tensor of a (possibly sharded) state dict, over all ranks: a cheap fingerprint
+    that must match across world sizes after a reshard. Collective when distributed."""
+    out = {}
+    for k in sorted(model_sd):
+        v = model_sd[k]
+        if not isinstance(v, torch.Tensor):
+            continue
+        if hasattr(v, "local_shards"):  # ShardedTensor: sum this rank's shards, add over ranks
+            s = sum((sh.tensor.double().sum() for sh in v.local_shards()), torch.zeros((), dtype=torch.float64))
+            if _is_dist():
+                dist.all_reduce(s)
+            out[k] = float(s)
+        elif hasattr(v, "full_tensor"):
+            out[k] = float(v.full_tensor().double().sum())
+        else:
+            out[k] = float(v.double().sum())
+    return out

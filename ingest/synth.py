@@ -34,7 +34,7 @@ import functools
 import math
 import threading
 import zlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -377,23 +377,22 @@ def _check(rows: int, seed: int, start_row: int = 0) -> None:
         raise GemtrainError(f"the seed must be >= 0, got {seed}")
 
 
-_TABLES: OrderedDict = OrderedDict()  # (plan id, seed, chunk) -> Table: row groups often share a chunk
-_TABLES_LOCK = threading.Lock()
+_CACHE = threading.local()  # per thread: the last chunks made (consecutive row groups share chunks)
 
 
 def _chunk_table(plan: _Plan, seed: int, chunk: int) -> pa.Table:
+    cache: OrderedDict = getattr(_CACHE, "tables", None) or OrderedDict()
+    _CACHE.tables = cache
     key = (id(plan), seed, chunk)
-    with _TABLES_LOCK:
-        hit = _TABLES.get(key)
+    hit = cache.get(key)
     if hit is not None and hit[0] is plan:
         return hit[1]
     cols, _ = _chunk(plan, seed, chunk)
     arrow_schema = plan.schema.arrow_schema()
     table = pa.Table.from_arrays([cols[n] for n in arrow_schema.names], schema=arrow_schema)
-    with _TABLES_LOCK:
-        _TABLES[key] = (plan, table)
-        while len(_TABLES) > 4:
-            _TABLES.popitem(last=False)
+    cache[key] = (plan, table)
+    while len(cache) > 2:
+        cache.popitem(last=False)
     return table
 
 
@@ -417,8 +416,8 @@ def write_synthetic(schema: FeatureSchema, url: str, rows: int, *, seed: int = 0
     """Writes `rows` synthetic rows as `files` Parquet files under `url` (any fsspec URL).
 
     Parquet with zstd and page checksums. `row_group_rows` defaults to a quarter of a file, capped
-    so that a row group holds about `ROW_GROUP_BYTES` of Arrow data. `threads > 1` generates row
-    groups ahead of the writer on that many threads (the output is the same).
+    so that a row group holds about `ROW_GROUP_BYTES` of Arrow data. `threads > 1` writes up to
+    that many files at once (the output is the same).
     Returns the URLs of the files written, in row order.
     """
     import fsspec
@@ -439,28 +438,25 @@ def write_synthetic(schema: FeatureSchema, url: str, rows: int, *, seed: int = 0
         raise GemtrainError(f"cannot open {url} for writing: {e}") from None
     arrow_schema = schema.arrow_schema()
     options = parquet_write_options(schema)
-    jobs = []  # (file index, start row, rows) per row group, in row order
-    for i in range(files):
+    root = root.rstrip("/")
+
+    def write_file(i: int) -> str:
         start, stop = min(rows, i * per_file), min(rows, (i + 1) * per_file)
-        jobs += [(i, rg, min(row_group_rows, stop - rg)) for rg in range(start, stop, row_group_rows)]
-    make = lambda job: generate_table(schema, job[2], seed=seed, start_row=job[1])  # noqa: E731
-    pool = ThreadPoolExecutor(threads) if threads > 1 else None
-    tables = _ahead(pool, make, jobs, depth=threads + 1)
-    out = []
-    base = url.rstrip("/")
-    try:
-        for i in range(files):
-            name = f"part-{i:05d}.parquet"
-            with fs.open(f"{root.rstrip('/')}/{name}", "wb") as fh:
+        name = f"part-{i:05d}.parquet"
+        try:
+            with fs.open(f"{root}/{name}", "wb") as fh:
                 with pq.ParquetWriter(fh, arrow_schema, **options) as w:
-                    for _ in [j for j in jobs if j[0] == i]:
-                        table = next(tables)
+                    for rg in range(start, stop, row_group_rows):
+                        table = generate_table(schema, min(row_group_rows, stop - rg), seed=seed, start_row=rg)
                         w.write_table(table, row_group_size=table.num_rows)
-            out.append(f"{base}/{name}")
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    return out
+        except OSError as e:
+            raise GemtrainError(f"cannot write {url.rstrip('/')}/{name}: {e}") from None
+        return f"{url.rstrip('/')}/{name}"
+
+    if threads <= 1 or files == 1:
+        return [write_file(i) for i in range(files)]
+    with ThreadPoolExecutor(min(threads, files)) as pool:
+        return list(pool.map(write_file, range(files)))
 
 
 ROW_GROUP_BYTES = 128 << 20
@@ -491,25 +487,6 @@ def parquet_write_options(schema: FeatureSchema) -> dict:
             small.append(f.name)
     return dict(compression="zstd", write_page_checksum=True, use_dictionary=small,
                 column_encoding=encoding or None)
-
-
-def _ahead(pool: ThreadPoolExecutor | None, fn, items: list, depth: int):
-    """`map(fn, items)` in order, computing up to `depth` items ahead on `pool`."""
-    if pool is None:
-        yield from map(fn, items)
-        return
-    pending: deque = deque()
-    it = iter(items)
-    for item in it:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= depth:
-            break
-    while pending:
-        result = pending.popleft().result()
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append(pool.submit(fn, nxt))
-        yield result
 
 
 # ---- the signal report --------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def _add_synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-group-rows", type=int, default=None,
                    help="rows per row group (default: a quarter of a file, capped at ~128 MB)")
     p.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1),
-                   help="threads generating row groups ahead of the writer (default: up to 8 cores)")
+                   help="files written at once, one thread each (default: the cores, up to 8)")
     p.add_argument("--report-rows", type=int, default=100_000,
                    help="rows used for the oracle / no-history NE summary (0 to skip; default 100000)")
     add_storage_option(p)

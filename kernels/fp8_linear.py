@@ -150,7 +150,9 @@ class _Plan:
     # -- GEMM: a [m, r] x bt [n, r] -> [m, n]
 
     def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if bias is not None and self.native and not self.mx_hopper and self.recipe != "bf16":
+        if bias is not None and self.native and self.recipe == "bf16":
+            return torch.addmm(bias.to(a.dtype), a, bt.t()).to(out_dtype)  # bias in the GEMM epilogue
+        if bias is not None and self.native and not self.mx_hopper:
             y = _scaled_mm_bias(a, bt, self.recipe, out_dtype, bias)
             if y is not None:
                 return y
@@ -171,7 +173,7 @@ class _Plan:
 
 def _pad16(x: torch.Tensor, axis: int) -> torch.Tensor:
     """Zero-pad the reduction dim to a multiple of 16 (cuBLAS FP8 leading-dimension rule)."""
-    n = x.shape[1 - axis]
+    n = x.shape[axis]  # the reduction dim: columns for axis=1, rows for axis=0
     pad = (-n) % 16
     if pad == 0:
         return x
@@ -200,23 +202,24 @@ def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
 
 
-# recipe -> whether scaled_mm took a fused bias on this build (probed on first use)
+# "recipe/out dtype" -> whether scaled_mm took a fused bias on this build (probed on first use)
 _BIAS_FUSION: dict[str, bool] = {}
 
 
 def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: torch.Tensor) -> torch.Tensor | None:
     """scaled_mm with the bias in its epilogue, or None where this build/recipe does not take one."""
     od = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
-    if _BIAS_FUSION.get(recipe) is False:
+    key = f"{recipe}/{od}"
+    if _BIAS_FUSION.get(key) is False:
         return None
     try:
         y = _scaled_mm(a, bt, recipe, od, bias=bias.to(od))
-    except RuntimeError:
-        if recipe in _BIAS_FUSION:
+    except (RuntimeError, ValueError):  # e.g. "Bias is not supported when out_dtype is set to Float32"
+        if key in _BIAS_FUSION:
             raise
-        _BIAS_FUSION[recipe] = False
+        _BIAS_FUSION[key] = False
         return None
-    _BIAS_FUSION[recipe] = True
+    _BIAS_FUSION[key] = True
     return y.to(out_dtype)
 
 

@@ -32,7 +32,8 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     perm = torch.argsort(other * (1 << 20) + lens, descending=True, stable=True)
     tiles_sorted = tiles[perm]
     cum = tiles_sorted.cumsum(0)
-    n_items = triton.cdiv(total, block) + num_rows
+    # On CPU (interpreter) the exact count costs nothing; on GPU the bound avoids a device sync.
+    n_items = int(tiles.sum()) if tile_offsets.device.type == "cpu" else triton.cdiv(total, block) + num_rows
     t = torch.arange(n_items, device=tile_offsets.device)
     idx = torch.searchsorted(cum, t, right=True)
     valid = idx < num_rows
@@ -43,14 +44,16 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     return torch.stack([row, tile], dim=1).to(torch.int32).contiguous(), n_items
 
 
-def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int) -> dict:
+def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int) -> dict:
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
-        tile_q, tile_kv = 16, 16
+        tile_q, tile_kv = 32, 32
     else:
         tile_q = 128 if block_d <= 128 else 64
         tile_kv = 128 if block_d <= 64 else 64
+        if q_len_hint > 0:  # short query rows (cross attention of a few candidates): small query tiles
+            tile_q = min(tile_q, max(16, triton.next_power_of_2(q_len_hint)))
         if block_size > 0:  # tiles no larger than the block keep block-local work at O(L*S)
             tile_q = min(tile_q, max(16, triton.next_power_of_2(block_size)))
             tile_kv = min(tile_kv, max(16, triton.next_power_of_2(block_size)))
@@ -80,13 +83,14 @@ def jagged_attn_fwd(
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+    q_len_hint: int,
 ) -> tuple[Tensor, Tensor]:
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return out, lse
-    plan = _plan(q, k, len_key, block_size)
+    plan = _plan(q, k, len_key, block_size, q_len_hint)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
@@ -100,7 +104,7 @@ def jagged_attn_fwd(
 
 @jagged_attn_fwd.register_fake
 def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
-      activation, causal, scale, block_size, window, norm, len_key):
+      activation, causal, scale, block_size, window, norm, len_key, q_len_hint):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -110,6 +114,7 @@ def jagged_attn_bwd(
     kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+    q_len_hint: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
@@ -119,7 +124,7 @@ def jagged_attn_bwd(
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
     do = do.contiguous()
-    plan = _plan(q, k, len_key, block_size)
+    plan = _plan(q, k, len_key, block_size, q_len_hint)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
     common = (scale, float(max(norm, 1)), max(window, 0), len_key)
@@ -145,14 +150,14 @@ def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
 
 @jagged_attn_bwd.register_fake
 def _(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps,
-      kv_timestamps, activation, causal, scale, block_size, window, norm, len_key):
+      kv_timestamps, activation, causal, scale, block_size, window, norm, len_key, q_len_hint):
     dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
     dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
              else q.new_empty((0,), dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
 
 
-_NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", "len_key")
+_NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", "len_key", "q_len_hint")
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -224,7 +229,7 @@ def jagged_attention_triton(
         None if pos_w is None else pos_w.contiguous(), None if time_w is None else time_w.contiguous(),
         q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
         -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
-        _len_key(q_offsets, q, k, max_q_len, max_kv_len),
+        _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0),
     )
     return out
 

@@ -101,8 +101,8 @@ def jagged_attention_ref(
         mq, mk = max(lq), max(lk)
         if mq == 0:
             continue
-        if mk == 0:
-            pieces.append(q.new_zeros((sum(lq), heads, dim)))
+        if mk == 0:  # no keys: zeros that stay connected to q so backward still runs
+            pieces.append(q[q_off[rows.start]:q_off[rows.stop]] * 0)
             continue
         qi, qvalid = _pad_index(q_off, rows, mq, dev)
         ki, _ = _pad_index(kv_off, rows, mk, dev)
@@ -135,7 +135,7 @@ def jagged_attention_ref(
         out = torch.einsum("nhij,njhd->nihd", p, vp)
         pieces.append(out[qvalid])
     if not pieces:
-        return q.new_zeros(q.shape)
+        return q * 0
     return torch.cat(pieces, dim=0)
 
 

@@ -19,6 +19,7 @@ from kernels.attention_triton_common import (
     INTERPRET,
     LOG2E,
     act_fwd_bwd,
+    add_table_grad,
     kv_range,
     pos_bucket,
     q_range,
@@ -32,7 +33,7 @@ _KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"
 def _configs(name: str) -> list[triton.Config]:
     inner = "BLOCK_M" if name == "dkdv" else "BLOCK_N"
     if INTERPRET:
-        return [triton.Config({inner: 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({inner: 32}, num_warps=4, num_stages=1)]
     configs = [
         triton.Config({inner: b}, num_warps=w, num_stages=2)
         for b, w in ((32, 4), (64, 8), (32, 8), (64, 4))
@@ -136,9 +137,9 @@ def jagged_attn_bwd_dkdv_kernel(
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
         if HAS_POS:
-            tl.atomic_add(DPOSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h, ds, mask=ok)
+            add_table_grad(DPOSW, pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS), ds, ok, h, H, NUM_POS)
         if HAS_TIME:
-            tl.atomic_add(DTIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h, ds, mask=ok)
+            add_table_grad(DTIMEW, time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME), ds, ok, h, H, NUM_TIME)
 
     tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])

@@ -97,6 +97,23 @@ def time_bucket(ts_q, ts_k, NUM_TIME: tl.constexpr):
 
 
 @triton.jit
+def add_table_grad(DT, bkt, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr):
+    """Add the score gradients ``ds`` into ``DT[bkt, h]``.
+
+    Most tiles span few buckets (far-apart positions clamp to one; nearby timestamps share a log bucket),
+    so a tile adds one reduced value per bucket; per-element atomics, which contend on the few table
+    cells, are used only for tiles spanning many buckets (near the diagonal).
+    """
+    b_lo = tl.min(tl.where(ok, bkt, NUM))
+    b_hi = tl.max(tl.where(ok, bkt, -1))
+    if b_hi - b_lo < 8:
+        for b in range(b_lo, b_hi + 1):
+            tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok & (bkt == b), ds, 0.0)))
+    else:
+        tl.atomic_add(DT + bkt * H + h, ds, mask=ok)
+
+
+@triton.jit
 def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 

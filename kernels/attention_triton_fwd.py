@@ -23,7 +23,7 @@ from kernels.attention_triton_common import (
 
 def _configs() -> list[triton.Config]:
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
     configs = [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=3)
         for bn, w in ((64, 4), (64, 8), (128, 8), (32, 4))

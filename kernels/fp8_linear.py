@@ -128,13 +128,13 @@ class _Plan:
             return mx.quantize_1x128(x, axis, backend=self.backend)
         return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis, backend=self.backend)
 
-    def act_both(self, x: torch.Tensor, saved_input: bool = False) -> tuple[Any, Any]:
+    def act_both(self, x: torch.Tensor, saved_input: bool = False, col_sums: bool = False) -> tuple:
         if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
             return self.act(x, 1), mx.quantize_128x128(x, backend=self.backend)[1]
         if self.recipe == "mxfp8":
-            return mx.mx_quantize_both(x, backend=self.backend)
+            return mx.mx_quantize_both(x, backend=self.backend, col_sums=col_sums)
         if self.recipe == "blockwise":
-            return mx.quantize_1x128_both(x, backend=self.backend)
+            return mx.quantize_1x128_both(x, backend=self.backend, col_sums=col_sums)
         if self.recipe == "rowwise":
             if self.native and x.shape[0] % 16:  # only the per-column copy needs the padded reduction dim
                 return self.act(x, 1), self.act(x, 0)
@@ -292,11 +292,15 @@ class _Fp8LinearFn(torch.autograd.Function):
         plan: _Plan = ctx.plan
         dy = dy.contiguous()
         (x,) = ctx.saved_tensors
-        dx = dw = db = None
+        dx = dw = None
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dya = dyt = None
+        dya = dyt = db = None
+        want_db = ctx.has_bias and ctx.needs_input_grad[2]
         if ctx.fp8_wgrad and need_w:
-            dya, dyt = plan.act_both(dy)
+            if want_db and plan.native and plan.recipe in ("mxfp8", "blockwise"):
+                dya, dyt, db = plan.act_both(dy, col_sums=True)  # bias gradient from the same read of dY
+            else:
+                dya, dyt = plan.act_both(dy)
         elif need_x:
             dya = plan.act(dy, 1)
         if need_x:
@@ -307,8 +311,8 @@ class _Fp8LinearFn(torch.autograd.Function):
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
             dw = dw.to(ctx.w_dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum(0, dtype=torch.float32).to(ctx.b_dtype)
+        if want_db:
+            db = (db if db is not None else dy.sum(0, dtype=torch.float32)).to(ctx.b_dtype)
         ctx.xt = ctx.wt = None
         return dx, dw, db, None, None
 

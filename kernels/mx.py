@@ -181,15 +181,19 @@ def mx_quantize(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> MXTens
     return MXTensor(out[0], out[1], out[2])
 
 
-def mx_quantize_both(x: torch.Tensor, backend: str = "auto") -> tuple[MXTensor, MXTensor]:
-    """Both MXFP8 layouts of ``x`` (blocks along rows, and the x.T layout) from one read of ``x``."""
+def mx_quantize_both(x: torch.Tensor, backend: str = "auto", col_sums: bool = False) -> tuple:
+    """Both MXFP8 layouts of ``x`` (blocks along rows, and the x.T layout) from one read of ``x``.
+
+    With ``col_sums`` a third item holds ``x.sum(0)`` in fp32 (the bias gradient when ``x`` is dY).
+    """
     if _pick_backend(backend, x, "mx_quantize_both") == "ref":
-        return mx_quantize_ref(x, 1), mx_quantize_ref(x, 0)
+        out = (mx_quantize_ref(x, 1), mx_quantize_ref(x, 0))
+        return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "mx_quantize_both")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=True, col=True)
-    return MXTensor(*rows), MXTensor(*cols)
+    rows, cols, *sums = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=True, col=True, col_sums=col_sums)
+    return (MXTensor(*rows), MXTensor(*cols), *sums)
 
 
 def mx_dequantize(t: MXTensor, dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
@@ -230,15 +234,17 @@ def quantize_1x128(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> Sca
     return ScaledTensor(out[0], out[1], out[2], "1x128")
 
 
-def quantize_1x128_both(x: torch.Tensor, backend: str = "auto") -> tuple[ScaledTensor, ScaledTensor]:
-    """Both 1x128 layouts of ``x`` from one read (rows for the forward, x.T for the weight gradient)."""
+def quantize_1x128_both(x: torch.Tensor, backend: str = "auto", col_sums: bool = False) -> tuple:
+    """Both 1x128 layouts of ``x`` from one read (rows for the forward, x.T for the weight gradient);
+    with ``col_sums`` a third item holds ``x.sum(0)`` in fp32."""
     if _pick_backend(backend, x, "quantize_1x128_both") == "ref":
-        return quantize_1x128_ref(x, 1), quantize_1x128_ref(x, 0)
+        out = (quantize_1x128_ref(x, 1), quantize_1x128_ref(x, 0))
+        return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "quantize_1x128_both")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=True)
-    return ScaledTensor(*rows, "1x128"), ScaledTensor(*cols, "1x128")
+    rows, cols, *sums = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=True, col_sums=col_sums)
+    return (ScaledTensor(*rows, "1x128"), ScaledTensor(*cols, "1x128"), *sums)
 
 
 def quantize_128x128_ref(w: torch.Tensor) -> tuple[ScaledTensor, ScaledTensor]:

@@ -62,9 +62,9 @@ def _quant_rows(x, A: tl.constexpr, W: tl.constexpr, BLK: tl.constexpr, E8M0: tl
 def _quant_kernel(
     x_ptr, R, C, sxr, sxc,
     q_ptr, sqr, s_ptr, ssr, ssc, CP,
-    qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
+    qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
-    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -72,6 +72,8 @@ def _quant_kernel(
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     inb = (rr[:, None] < R) & (cc[None, :] < C)
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0).to(tl.float32)
+    if COLSUM:  # per-tile column sums (the bias gradient when x is dY), reduced on the host side
+        tl.store(cs_ptr + pid_r * scs + cc, tl.sum(x, axis=0), mask=cc < C)
     if ROW:  # blocks along C; output [R, CP]
         code, sc = _quant_rows(x, TR, TC, BLK, E8M0)
         m = (rr[:, None] < R) & (cc[None, :] < CP)
@@ -182,8 +184,9 @@ TILES: dict[tuple[int, str], tuple[int, int, int]] = {
 
 
 def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
-             tiles: tuple[int, int, int] | None = None):
-    """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None).
+             tiles: tuple[int, int, int] | None = None, col_sums: bool = False):
+    """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None), plus the
+    fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
 
     Row output: q [R, Cp], scale [R, Cp/block]; column output: qt [C, Rp], scale [C, Rp/block].
     E8M0 scales are row-major uint8; fp32 (1x128) scales are [rows, nb] with strides (1, rows).
@@ -206,15 +209,18 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
     grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
+    cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
     _quant_kernel[grid](
         x, r, c, x.stride(0), x.stride(1),
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
-        qt, qt.stride(0), st, st.stride(0), st.stride(1), rp,
-        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, num_warps=nw,
+        qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
+        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, num_warps=nw,
     )
     f8 = torch.float8_e4m3fn
     rows = (q.view(f8), s, (r, c)) if row else None
     cols = (qt.view(f8), st, (c, r)) if col else None
+    if col_sums:
+        return rows, cols, cs.sum(0)
     return rows, cols
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from kernels import mx
-from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, _to_blocked
+from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, _pad16, _to_blocked
 
 FP8_RECIPES = ["mxfp8", "blockwise", "rowwise"]
 M, K, N = 200, 256, 128  # tokens not a multiple of 128: the padded weight-gradient path is covered
@@ -138,3 +138,10 @@ def test_mx_scale_swizzle_is_a_padded_permutation():
     assert b.numel() == 256 * 8
     assert torch.equal(b.sort().values[-s.numel():], s.flatten())
     assert b[:4].tolist() == [0, 1, 2, 3] and b[4].item() == s[32, 0].item()
+
+
+def test_native_rowwise_pads_only_the_reduction_dim():
+    x = torch.randn(1000, 1024)
+    assert _pad16(x, 1) is x  # 1024 columns: aligned already
+    p = _pad16(x, 0)
+    assert p.shape == (1008, 1024) and torch.equal(p[:1000], x) and (p[1000:] == 0).all()

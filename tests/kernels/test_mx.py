@@ -88,6 +88,20 @@ def test_both_layouts_from_one_read_match_single_layouts():
     assert torch.equal(bits(c128.scale), bits(mx.quantize_1x128_ref(x, 0).scale))
 
 
+@pytest.mark.parametrize("block,tiles", [(32, (64, 64, 4)), (32, (32, 128, 4)), (128, (128, 128, 4)),
+                                         (128, (256, 128, 8))])
+def test_every_tile_path_matches_reference(block, tiles):
+    """Column blocks take one of two code paths (TR == block or not): both must be exact."""
+    from kernels import mx_triton
+
+    x = wide_input(200, 136, torch.bfloat16, seed=9)
+    rows, cols, sums = mx_triton.quantize(x, block, block == 32, True, True, tiles=tiles, col_sums=True)
+    quant = mx.mx_quantize_ref if block == 32 else mx.quantize_1x128_ref
+    assert torch.equal(bits(rows[0]), bits(quant(x, 1).data)) and torch.equal(bits(rows[1]), bits(quant(x, 1).scale))
+    assert torch.equal(bits(cols[0]), bits(quant(x, 0).data)) and torch.equal(bits(cols[1]), bits(quant(x, 0).scale))
+    assert torch.allclose(sums.nan_to_num(0.0, 0.0, 0.0), x.float().sum(0).nan_to_num(0.0, 0.0, 0.0), rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_128x128_triton_matches_reference_and_transpose(dtype):
     w = wide_input(136, 200, dtype, seed=6)

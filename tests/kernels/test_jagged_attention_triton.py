@@ -1,0 +1,108 @@
+"""Triton jagged attention kernels (TRITON_INTERPRET=1, CPU) against the PyTorch reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.kernels.attention_cases import assert_accurate, make_problem, offsets, run
+from kernels import jagged_attention, jagged_attention_flops
+
+# Row lengths include 0, 1 and the maximum (24); the unequal case has Lq < Lkv, Lq > Lkv and Lq = 0 rows.
+EQUAL = ([0, 1, 24, 9, 17], [0, 1, 24, 9, 17])
+UNEQUAL = ([3, 1, 0, 5, 16], [0, 7, 24, 2, 20])
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "targets": {"causal": True, "targets": True},
+    "block": {"block_size": 8, "causal": True},
+    "window": {"window": 5},
+}
+CASES = [(act, mask, lengths) for act, mask, lengths in
+         itertools.product(("softmax", "silu", "gelu"), MASKS, ("equal", "unequal"))]
+
+
+@pytest.mark.parametrize("act,mask,lengths", CASES)
+def test_kernel_matches_reference(act, mask, lengths):
+    i = CASES.index((act, mask, lengths))
+    kw = dict(MASKS[mask])
+    targets = kw.pop("targets", False)
+    lq, lk = EQUAL if lengths == "equal" else UNEQUAL
+    # Bias and dtype alternate over the cases so every activation x mask sees both of each.
+    p = make_problem(seed=i, lq=lq, lk=lk, heads=1 + i % 2, bias=i % 2 == 0, targets=targets)
+    dtype = torch.float32 if (i // 2) % 2 == 0 else torch.float16
+    assert_accurate(p, dtype, activation=act, **kw)
+
+
+def test_fixed_pointwise_norm_and_scale():
+    p = make_problem(seed=100, lq=[6, 11], lk=[6, 11], bias=True)
+    assert_accurate(p, torch.float32, activation="silu", causal=True, pointwise_norm=32, scale=0.3)
+
+
+def test_head_dim_not_power_of_two_and_int32_offsets():
+    p = make_problem(seed=101, lq=[5, 13], lk=[5, 13], dim=24, bias=False)
+    p.q_offsets, p.kv_offsets = p.q_offsets.int(), p.kv_offsets.int()
+    assert_accurate(p, torch.float32, causal=True)
+
+
+def test_no_queries_at_all():
+    p = make_problem(seed=102, lq=[0, 0], lk=[3, 4], bias=True)
+    out, dq, dk, dv, dpos, dtime = run(p, torch.float32, "triton", causal=True)
+    assert out.shape == (0, 2, 16) and dk.abs().sum() == 0 and dpos.abs().sum() == 0
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=4),
+    dim=st.sampled_from([16, 32]),
+    heads=st.integers(1, 3),
+    act=st.sampled_from(["softmax", "silu"]),
+    causal=st.booleans(),
+)
+def test_shapes_property(lengths, dim, heads, act, causal):
+    lq, lk = [a for a, _ in lengths], [b for _, b in lengths]
+    p = make_problem(seed=7, lq=lq, lk=lk, heads=heads, dim=dim, bias=causal)
+    assert_accurate(p, torch.float32, activation=act, causal=causal)
+
+
+def test_flop_counter_counts_useful_flops():
+    p = make_problem(seed=103, lq=[9, 20, 1], lk=[9, 20, 1], bias=False)
+    q, k, v = (t.float().requires_grad_() for t in (p.q, p.k, p.v))
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, causal=True, impl="triton").sum().backward()
+    expected = jagged_attention_flops(p.q_offsets, p.kv_offsets, 2, 16, causal=True, backward=True)
+    assert counter.get_total_flops() == expected
+
+
+def test_compiles_without_graph_breaks_and_checkpoints():
+    p = make_problem(seed=104, lq=[4, 12], lk=[4, 12], bias=False)
+    q, k, v = (t.float().requires_grad_() for t in (p.q, p.k, p.v))
+
+    def f(q, k, v):
+        return jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, causal=True, impl="triton") * 2
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager)
+    ck = torch.utils.checkpoint.checkpoint(f, q, k, v, use_reentrant=False)
+    ck.sum().backward()
+    dq = q.grad.clone()
+    q.grad = None
+    eager.sum().backward()
+    torch.testing.assert_close(dq, q.grad)
+
+
+def test_work_list_covers_every_tile_once_longest_first():
+    from kernels.attention_op import work_list
+
+    lq, lk = [5, 0, 40, 17], [30, 3, 40, 17]
+    work, n = work_list(offsets(lq), offsets(lk), 16, sum(lq))
+    pairs = [tuple(x) for x in work.tolist() if x[0] >= 0]
+    expected = {(b, t) for b, n_q in enumerate(lq) for t in range((n_q + 15) // 16)}
+    assert len(pairs) == len(expected) and set(pairs) == expected and n >= len(pairs)
+    assert [b for b, _ in pairs][:3] == [2, 2, 2] and pairs[0] == (2, 2)  # longest row, last tile first
+    assert n == len(pairs)  # exact on CPU

@@ -95,12 +95,16 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
 
 
 def check_linears(dev: str) -> list[tuple[str, str]]:
+    return check_linears_dtype(dev, torch.float32) + check_linears_dtype(dev, torch.bfloat16)
+
+
+def check_linears_dtype(dev: str, dtype: torch.dtype) -> list[tuple[str, str]]:
     rows = []
     torch.manual_seed(2)
     m, k, n = 1000, 1024, 512  # tokens not a multiple of 128: exercises the padded wgrad
-    x = torch.randn(m, k, device=dev)
-    dy = torch.randn(m, n, device=dev)
-    base = nn.Linear(k, n, device=dev)
+    x = torch.randn(m, k, device=dev, dtype=dtype)
+    dy = torch.randn(m, n, device=dev, dtype=dtype)
+    base = nn.Linear(k, n, device=dev, dtype=dtype)
     xd = x.double().requires_grad_()
     wd = base.weight.detach().double().requires_grad_()
     yd = xd @ wd.t() + base.bias.double()
@@ -111,17 +115,18 @@ def check_linears(dev: str) -> list[tuple[str, str]]:
             for emulate in (False, True):
                 lin = Fp8Linear.from_linear(base, Fp8Config(emulate=emulate, **kw))
                 xi = x.clone().requires_grad_()
-                base.weight.grad = None
+                base.weight.grad = base.bias.grad = None
                 y = lin(xi)
                 y.backward(dy)
-                out[emulate] = (y.detach(), xi.grad, base.weight.grad.clone())
+                out[emulate] = (y.detach(), xi.grad, base.weight.grad.clone(), base.bias.grad.clone())
             nat, emu = out[False], out[True]
-            rows.append((f"{label}: native vs emulated (y, dx, dW)",
+            tag = str(dtype).replace("torch.", "")
+            rows.append((f"{label} {tag}: native vs emulated (y, dx, dW, db)",
                          " ".join(f"{rel(a, b):.1e}" for a, b in zip(nat, emu))))
-            rows.append((f"{label}: native vs float64 (y, dx, dW)",
-                         " ".join(f"{rel(a, b):.1e}" for a, b in zip(nat, (yd, xd.grad, wd.grad)))))
+            rows.append((f"{label} {tag}: native vs float64 (y, dx, dW, db)",
+                         " ".join(f"{rel(a, b):.1e}" for a, b in zip(nat, (yd, xd.grad, wd.grad, dy.double().sum(0))))))
         except Exception as e:  # report and continue: one broken recipe must not hide the others
-            rows.append((f"{label}", f"ERROR {type(e).__name__}: {str(e)[:300]}"))
+            rows.append((f"{label} {dtype}", f"ERROR {type(e).__name__}: {str(e)[:300]}"))
     return rows
 
 
@@ -163,7 +168,7 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
     x = torch.randn(r, c, device=dev, dtype=torch.bfloat16)
     nbytes_in = x.numel() * 2
     t_copy = bench(lambda: x.clone())
-    copy_bw = 2 * nbytes_in / t_copy / 1e9  # GB/s: read + write
+    copy_bw = 2 * nbytes_in / t_copy / 1e9  # TB/s (bytes / ms / 1e9): read + write
     out = []
     cases = [  # (label, block, e8m0, row, col)
         ("mx rows (1x32)", 32, True, True, False),
@@ -174,12 +179,12 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         ("1x128 both layouts", 128, False, True, True),
     ]
     sweep_tiles = {
-        (32, "row"): [(32, 128, 4), (64, 128, 4), (64, 256, 8), (128, 128, 8), (16, 256, 4)],
-        (32, "col"): [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 256, 8)],
-        (32, "both"): [(64, 64, 4), (32, 32, 2), (128, 64, 8), (64, 128, 8)],
-        (128, "row"): [(32, 128, 4), (16, 256, 4), (64, 128, 8), (8, 512, 4)],
-        (128, "col"): [(128, 32, 4), (128, 64, 4), (128, 16, 4), (128, 64, 8)],
-        (128, "both"): [(128, 128, 8), (128, 128, 16), (128, 128, 4)],
+        (32, "row"): [(16, 256, 4), (8, 512, 4), (32, 256, 8)],
+        (32, "col"): [(32, 128, 4), (32, 256, 4), (32, 256, 8), (32, 64, 4)],
+        (32, "both"): [(32, 128, 4), (32, 256, 8), (32, 64, 4), (32, 256, 4)],
+        (128, "row"): [(8, 512, 4), (16, 512, 8), (8, 1024, 8)],
+        (128, "col"): [(128, 64, 8), (128, 32, 4), (128, 64, 4), (128, 128, 8)],
+        (128, "both"): [(128, 128, 8), (128, 64, 8), (128, 64, 4), (128, 128, 16)],
     }
     for label, blk, e8, row, col in cases:
         mode = "both" if (row and col) else ("row" if row else "col")
@@ -194,20 +199,21 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
             if best is None or t < best[0]:
                 best = (t, tiles)
         t, tiles = best
+        mx_triton.TILES[(blk, mode)] = tuple(tiles)
         bw = (nbytes_in + outs) / t / 1e9
-        out.append(dict(kernel=label, ms=t, gbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
+        out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
     for label, row, col in (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True)):
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col, mx._rowwise_scale), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
-        out.append(dict(kernel=label, ms=t, gbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
+        out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9
-    out.append(dict(kernel="mx dequantize -> bf16", ms=t, gbps=bw, pct_copy=100 * bw / copy_bw, tiles=[32, 128, 4]))
+    out.append(dict(kernel="mx dequantize -> bf16", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[16, 256, 4]))
     w = torch.randn(4096, 1024, device=dev, dtype=torch.bfloat16)
     t = bench(lambda: mx.quantize_128x128(w, backend="triton"), rep=100)
     bw = (w.numel() * (2 + 2)) / t / 1e9
-    out.append(dict(kernel="128x128 weight 4096x1024 (+ transposed copy)", ms=t, gbps=bw,
+    out.append(dict(kernel="128x128 weight 4096x1024 (+ transposed copy)", ms=t, tbps=bw,
                     pct_copy=100 * bw / copy_bw, tiles=[128, 128, 8]))
     return copy_bw, out
 
@@ -221,12 +227,13 @@ def main() -> None:
     dev = "cuda"
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     checks = check_quantizers(dev) + check_linears(dev)
+    copy_bw, quant = time_quantizers(dev, args.sweep)  # first: the linears then use the best tiles
     shapes = LINEAR_SHAPES[2:] if args.quick else LINEAR_SHAPES
     lin = time_linears(dev, shapes)
-    copy_bw, quant = time_quantizers(dev, args.sweep)
+    print("tiles used:", mx_triton.TILES)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(checks=checks, linears=lin, copy_gbps=copy_bw, quantizers=quant), f, indent=1)
+            json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant), f, indent=1)
 
     print("\n## checks")
     for k, v in checks:
@@ -246,10 +253,10 @@ def main() -> None:
         print("\n| MLP 1024->4096->1024 (both linears) | ms | ratio |\n|---|---|---|")
         for v, ts in by_variant.items():
             print(f"| {v} | {sum(ts):.3f} | {ref / sum(ts):.2f}x |")
-    print(f"\n## quantizers on 65536x4096 bf16 (copy: {copy_bw:.0f} GB/s read+write)")
-    print("| kernel | ms | GB/s | % of copy | tiles (rows, cols, warps) |\n|---|---|---|---|---|")
+    print(f"\n## quantizers on 65536x4096 bf16 (copy: {copy_bw:.2f} TB/s read+write)")
+    print("| kernel | ms | TB/s | % of copy | tiles (rows, cols, warps) |\n|---|---|---|---|---|")
     for r in quant:
-        print(f"| {r['kernel']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['pct_copy']:.0f}% | {r['tiles']} |")
+        print(f"| {r['kernel']} | {r['ms']:.3f} | {r['tbps']:.2f} | {r['pct_copy']:.0f}% | {r['tiles']} |")
 
 
 if __name__ == "__main__":

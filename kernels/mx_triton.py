@@ -147,7 +147,9 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     m = (rr[:, None] < R) & (cc[None, :] < C)
     c = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0).to(tl.int32)
-    s = tl.load(s_ptr + rr[:, None] * ssr + cc[None, :] // BLK, mask=m, other=127).to(tl.int32)
+    bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)  # one scale per block, broadcast
+    sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :], mask=(rr[:, None] < R) & (bc[None, :] * BLK < C),
+                 other=127).to(tl.int32)
     e = (c >> 3) & 0xF
     mant = c & 7
     sign = (c & 0x80) << 24
@@ -156,8 +158,8 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     v = tl.where(e == 0, sub, normal)
     v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
-    xs = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
-    out = tl.where(s == 255, float("nan"), v * xs)
+    xs = tl.where(sb == 0, 0x00400000, tl.where(sb == 255, 0x7FC00000, sb << 23)).to(tl.float32, bitcast=True)
+    out = tl.reshape(tl.reshape(v, (TR, TC // BLK, BLK)) * xs[:, :, None], (TR, TC))  # NaN scale -> NaN
     if BF16:  # integer round-to-nearest-even, so subnormals round the same on every backend
         b = out.to(tl.int32, bitcast=True)
         r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
@@ -251,7 +253,7 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     bf16 = dtype == torch.bfloat16
     out = torch.empty(r, c, dtype=dtype, device=data.device)
     q = data.view(torch.uint8)
-    tr, tc = 32, 128
+    tr, tc = 16, 256
     _mx_dequant_kernel[(triton.cdiv(r, tr), triton.cdiv(c, tc))](
         q, q.stride(0), scale, scale.stride(0), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
         TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=4,

@@ -69,6 +69,7 @@ def parse_split_time(text: str) -> int:
 
 
 _DUCK = {"id": "BIGINT", "timestamp": "BIGINT", "float": "FLOAT"}
+_META_DUCK = {"int64": "BIGINT", "int32": "INTEGER", "float32": "FLOAT", "float64": "DOUBLE", "string": "VARCHAR"}
 
 
 def _time_expr(tcol: str, time_type: pa.DataType) -> str:
@@ -182,7 +183,7 @@ h_{s.name} AS (
         elif name == "request_ts":
             meta_sel.append(f"_t AS {_q(name)}")
         else:
-            meta_sel.append(f"NULL AS {_q(name)}")
+            meta_sel.append(f"CAST(NULL AS {_META_DUCK[schema.metadata[name]]}) AS {_q(name)}")
     imp_cols = ", ".join(["_u", "_t", "_ord"] + feat_sel + meta_sel)
     out_cols = [f"{h}._h AS {_q(name)}" for name, h in hist_cols]
     out_cols += [f"imp.{_q(f.name)}" for f in schema.features]
@@ -195,7 +196,8 @@ h_{s.name} AS (
             out_cols.append(f"imp.{_q(name)}")
     split = "FALSE" if split_time is None else f"imp._t >= {int(split_time)}"
     joins = " ".join(f"JOIN {h} ON {h}._ord = imp._ord AND {h}._is_ev = 0" for _, h in hist_cols)
-    with_src = f"""WITH src AS (
+    # MATERIALIZED: src is read twice (impressions, events); both must see the same _ord numbering.
+    with_src = f"""WITH src AS MATERIALIZED (
   SELECT *, {_q(user)} AS _u, {t_expr} AS _t, row_number() OVER () AS _ord FROM {source}
   WHERE {_q(user)} IS NOT NULL AND {_q(tcol)} IS NOT NULL
 ),
@@ -293,21 +295,24 @@ def events_to_parquet(schema: FeatureSchema, events_url: str, out_url: str, *, s
         writers: dict[str, tuple[pq.ParquetWriter, object, int]] = {}
 
         def write(split: str, batch: pa.RecordBatch) -> None:
-            w = writers.get(split)
-            if w is not None and w[2] >= rows_per_file:
-                w[0].close()
-                w[1].close()
-                w = None
-            if w is None:
-                k = len(res.outputs.get(split, []))
-                path = f"{root}/{split}/part-{k:05d}.parquet"
-                fs.makedirs(f"{root}/{split}", exist_ok=True)
-                f = fs.open(path, "wb")
-                w = (pq.ParquetWriter(f, target, compression="zstd", write_page_checksum=True), f, 0)
-                res.outputs.setdefault(split, []).append(fs.unstrip_protocol(path))
-            w[0].write_batch(batch, row_group_size=row_group_rows)
-            writers[split] = (w[0], w[1], w[2] + batch.num_rows)
-            res.rows[split] = res.rows.get(split, 0) + batch.num_rows
+            while batch.num_rows:
+                w = writers.get(split)
+                if w is not None and w[2] >= rows_per_file:
+                    w[0].close()
+                    w[1].close()
+                    w = None
+                if w is None:
+                    k = len(res.outputs.get(split, []))
+                    path = f"{root}/{split}/part-{k:05d}.parquet"
+                    fs.makedirs(f"{root}/{split}", exist_ok=True)
+                    f = fs.open(path, "wb")
+                    w = (pq.ParquetWriter(f, target, compression="zstd", write_page_checksum=True), f, 0)
+                    res.outputs.setdefault(split, []).append(fs.unstrip_protocol(path))
+                part = batch.slice(0, rows_per_file - w[2])
+                batch = batch.slice(part.num_rows)
+                w[0].write_batch(part, row_group_size=row_group_rows)
+                writers[split] = (w[0], w[1], w[2] + part.num_rows)
+                res.rows[split] = res.rows.get(split, 0) + part.num_rows
 
         try:
             for batch in reader:

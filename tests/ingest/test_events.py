@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
@@ -161,3 +162,53 @@ def test_cli(tmp_path, schema, capsys):
     assert e.value.code == 2
     assert main(args + ["--split-time", "soon"]) == 1
     assert "ISO date" in capsys.readouterr().err
+
+
+def test_demo_schema_output_feeds_the_batch_converter(tmp_path, demo_schema):
+    """A random log for the demo schema (list and vector features too): the output is exactly the
+    schema's Arrow schema, converts to a JaggedBatch, and no history holds an event at or after its row."""
+    from ingest.convert import table_to_batch
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    is_imp = rng.random(n) < 0.2
+    users = rng.integers(0, 40, n)
+    ts = rng.integers(0, 500, n)  # many ties
+    ev = ~is_imp  # events carry the sequence fields, impressions the features and labels
+    t = pa.table({
+        "user_id": users, "ts": ts,
+        "item_id": pa.array(rng.integers(0, 20000, n), mask=~ev),
+        "item_category": pa.array(rng.integers(0, 100, n), mask=~ev),
+        "action_type": pa.array(rng.integers(0, 8, n), mask=~ev),
+        "dwell_time": pa.array(rng.random(n, dtype=np.float32), mask=~ev),
+        "ad_id": pa.array(rng.integers(0, 5000, n), mask=~is_imp),
+        "ad_category": pa.array(rng.integers(0, 100, n), mask=~is_imp),
+        "user_country": pa.array(rng.integers(0, 64, n), mask=~is_imp),
+        "user_interests": pa.array([list(rng.integers(0, 500, rng.integers(0, 4))) if i else None for i in is_imp],
+                                   pa.list_(pa.int64())),
+        "ad_creative": pa.array([list(rng.random(16)) if i else None for i in is_imp], pa.list_(pa.float32(), 16)),
+        "user_age": pa.array(rng.random(n, dtype=np.float32), mask=~is_imp),
+        "ad_bid": pa.array(rng.random(n, dtype=np.float32), mask=~is_imp),
+        "click": pa.array(rng.integers(0, 2, n).astype(np.float32), mask=~is_imp),
+        "conversion": pa.array(rng.integers(0, 2, n).astype(np.float32), mask=~is_imp),
+    })
+    pq.write_table(t, tmp_path / "events.parquet", row_group_size=700)
+    res = events_to_parquet(demo_schema, str(tmp_path / "events.parquet"), str(tmp_path / "out"),
+                            validation_fraction=0.25, rows_per_file=200)
+    assert res.rows["train"] + res.rows["validation"] == int(is_imp.sum())
+    assert len(res.outputs["train"]) >= 2  # rows_per_file splits the output
+    for split in ("train", "validation"):
+        for url in res.outputs[split]:
+            path = url.removeprefix("file://")
+            assert not check_arrow_schema(demo_schema.arrow_schema(), pq.read_schema(path))
+            out = pq.read_table(path)
+            batch = table_to_batch(out, demo_schema)
+            assert batch.batch_size == out.num_rows
+            for r in out.select(["history", "request_ts", "user_id"]).to_pylist():
+                assert all(e["ts"] < r["request_ts"] for e in r["history"]) and len(r["history"]) <= 128
+                # Exactly the user's events strictly before, most recent 128:
+                mask = ev & (users == r["user_id"]) & (ts < r["request_ts"])
+                assert len(r["history"]) == min(128, int(mask.sum()))
+    tr = read_split(res, "train").column("request_ts").to_numpy()
+    va = read_split(res, "validation").column("request_ts").to_numpy()
+    assert tr.max() < res.split_time <= va.min()

@@ -150,6 +150,18 @@ def time_linears(dev: str, shapes) -> list[dict]:
         t_ref = bench(step(base))
         results.append(dict(shape=f"{name} {m}x{k}->{n}", variant="bf16 nn.Linear", ms=t_ref, ratio=1.0,
                             tflops=flops / t_ref / 1e9))
+        if m * k * n <= 2**34:  # small layers: launch overhead dominates; CUDA graphs remove it
+            for label, mod in (("bf16 nn.Linear", base),
+                               ("blockwise", Fp8Linear.from_linear(base, Fp8Config(recipe="blockwise")))):
+                try:
+                    g = torch.cuda.make_graphed_callables(mod, (x,), num_warmup_iters=3)
+                    t = bench(step(g))
+                    results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=f"{label} (CUDA graph)", ms=t,
+                                        ratio=t_ref / t, tflops=flops / t / 1e9))
+                except Exception as e:
+                    results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=f"{label} (CUDA graph)",
+                                        ms=float("nan"), ratio=float("nan"), tflops=float("nan"),
+                                        error=f"{type(e).__name__}: {e}"[:200]))
         for label, kw in VARIANTS:
             try:
                 t = bench(step(Fp8Linear.from_linear(base, Fp8Config(**kw))))

@@ -94,8 +94,8 @@ def list_parquet_files(url: str, storage_options: dict | None = None) -> tuple[o
                  and not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))]
     except GemtrainError:
         raise
-    except (ImportError, ValueError, OSError) as e:
-        raise GemtrainError(f"cannot list {url}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any storage failure (credentials, network) is the user's to fix
+        raise GemtrainError(f"cannot list {url}: {type(e).__name__}: {e}") from None
     if not paths:
         raise GemtrainError(f"{url}: no .parquet files found")
     return fs, sorted(paths)
@@ -142,6 +142,8 @@ def check_file(fs, path: str, schema: FeatureSchema, *, read_lengths: bool = Tru
                 out.lengths[seq.name] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     except (OSError, pa.ArrowException) as e:
         out.problems.append(f"cannot read: {e}")
+    except Exception as e:  # noqa: BLE001 - a storage client's own errors: name the file, keep checking the rest
+        out.problems.append(f"cannot read: {type(e).__name__}: {e}")
     return out
 
 

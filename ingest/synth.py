@@ -434,8 +434,8 @@ def write_synthetic(schema: FeatureSchema, url: str, rows: int, *, seed: int = 0
     try:
         fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         fs.makedirs(root, exist_ok=True)
-    except (ImportError, ValueError, OSError) as e:
-        raise GemtrainError(f"cannot open {url} for writing: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any storage failure (credentials, network) is the user's to fix
+        raise GemtrainError(f"cannot open {url} for writing: {type(e).__name__}: {e}") from None
     arrow_schema = schema.arrow_schema()
     options = parquet_write_options(schema)
     root = root.rstrip("/")

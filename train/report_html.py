@@ -26,7 +26,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem 
 background:#fafbfc;padding:0 1rem}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.25rem;margin-top:2.2rem;border-bottom:1px solid #dde1e7}
 .meta{color:#5a6473;font-size:.9rem}.cards{display:flex;gap:1rem;flex-wrap:wrap;margin:1rem 0}
-.card{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:.8rem 1rem;min-width:190px}
+.card{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:.8rem 1rem;flex:1 1 0;min-width:160px}
 .card .v{font-size:1.6rem;font-weight:650}.card .k{color:#5a6473;font-size:.85rem}
 table{border-collapse:collapse;background:#fff;margin:.6rem 0;font-size:.92rem}
 th,td{border:1px solid #dde1e7;padding:.35rem .7rem;text-align:right}th{background:#f0f2f5}

@@ -10,6 +10,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = REPO / "schemas"
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# Tests run the Triton kernels on CPU through the interpreter. The flag is read when a kernel is
+# defined, so it must be set before any test module imports triton (set it to 0 to test on a GPU).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -154,7 +154,6 @@ def _make_plan(schema: FeatureSchema) -> _Plan:
     models = []
     primary = next((lb.name for lb in schema.labels if not lb.mask), None)
     for label in _label_order(schema.labels):
-        rng = _stable_rng(schema.name, "label", label.name)
         if label.mask:  # e.g. conversion given click: rarer, weaker history effect
             m = _LabelModel(label, bias=-1.8, history_weight=0.4 * HISTORY_WEIGHT)
         elif label.name == primary:
@@ -173,7 +172,6 @@ def _make_plan(schema: FeatureSchema) -> _Plan:
             elif f.type == "float_vector":
                 d = frng.standard_normal(f.dim)
                 m.vector_dir[f.name] = scale * 0.3 * d / np.linalg.norm(d)
-        del rng
         models.append(m)
     lengths = {s.name: length_params(s.max_length) for s in schema.sequences}
     events_per_row = sum(math.exp(mu + sigma**2 / 2) for mu, sigma in lengths.values())

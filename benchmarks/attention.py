@@ -252,7 +252,7 @@ def bench(name: str) -> list[str]:
     doc_c = torch.repeat_interleave(torch.arange(B, device="cuda"), 16)
     flops = jagged_attention_flops(qo, offs, H, D)
     doc_ = torch.randn(16 * B, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    ours = _time_pair(lambda: jagged_attention(qc, k, v, qo, offs, max_kv_len=max_len), doc_, [qc, k, v])
+    ours = _time_pair(lambda: jagged_attention(qc, k, v, qo, offs, max_q_len=16, max_kv_len=max_len), doc_, [qc, k, v])
     bm_c = _block_mask(create_block_mask, lambda b, h, i, j: doc_c[i] == doc[j], 16 * B, T)
     qcf = _packed(qc)
     fx = safe(lambda: _time_pair(lambda: flex(qcf, kf, vf, block_mask=bm_c), _packed(doc_).detach(),

@@ -46,7 +46,8 @@ def make_problem(seed: int, lq: list[int], lk: list[int], heads: int = 2, dim: i
         q=rnd(tq, heads, dim), k=rnd(tk, heads, dim), v=rnd(tk, heads, dim), do=rnd(tq, heads, dim),
         q_offsets=offsets(lq), kv_offsets=offsets(lk),
         pos=rnd(NUM_POS, heads) if bias else None, time=rnd(NUM_TIME, heads) if bias else None,
-        q_ts=torch.randint(0, 5000, (tq,), generator=g), kv_ts=torch.randint(0, 5000, (tk,), generator=g),
+        # Ascending event times (as in real histories), so the log time buckets spread over the table.
+        q_ts=torch.randint(0, 6, (tq,), generator=g).cumsum(0), kv_ts=torch.randint(0, 6, (tk,), generator=g).cumsum(0),
         num_targets=nt,
     )
 

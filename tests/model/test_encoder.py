@@ -106,3 +106,26 @@ def test_padded_attention_function_matches_kernel_reference():
         want = jagged_attention(q, k, v, qo, ko, bias=RelativeBias(pos_weight=pos), **kw)
         got = padded_attention(q, k, v, qo, ko, pos_weight=pos, **kw)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_model_on_the_triton_kernels_matches_the_reference_path():
+    # The Triton kernels (interpreted on CPU) inside the model: same logits and bias gradients.
+    from kernels import attention_impl
+
+    schema = tiny_schema(max_length=12)
+    batch = synth_batch(schema, rows=3, seed=2)
+    torch.manual_seed(0)
+    model = build_model(schema, {**BASE, "sequence_encoder": {"num_layers": 2, "attention": ["window:3", "block:4"],
+                                                              "bias": {"num_position_buckets": 9,
+                                                                       "num_time_buckets": 8}}})
+    ref = model(batch).logits
+    ref.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if "pos_weight" in n or "time_weight" in n}
+    model.zero_grad()
+    with attention_impl("triton"):
+        tri = model(batch).logits
+        tri.sum().backward()
+    torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-6)
+    for n, p in model.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)

@@ -235,15 +235,18 @@ def quantize_1x128(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> Sca
 
 
 def quantize_1x128_both(x: torch.Tensor, backend: str = "auto", col_sums: bool = False) -> tuple:
-    """Both 1x128 layouts of ``x`` from one read (rows for the forward, x.T for the weight gradient);
-    with ``col_sums`` a third item holds ``x.sum(0)`` in fp32."""
+    """Both 1x128 layouts of ``x`` (rows for the forward, x.T for the weight gradient); with
+    ``col_sums`` a third item holds ``x.sum(0)`` in fp32."""
     if _pick_backend(backend, x, "quantize_1x128_both") == "ref":
         out = (quantize_1x128_ref(x, 1), quantize_1x128_ref(x, 0))
         return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "quantize_1x128_both")
     from kernels import mx_triton
 
-    rows, cols, *sums = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=True, col_sums=col_sums)
+    # Two launches: on an H200 (benchmarks/RESULTS.md, 2026-11-29) rows 0.265 ms + columns 0.362 ms beat the
+    # one-read dual kernel (0.866 ms) on 65536x4096 bf16; for 32-blocks the dual kernel wins and is kept.
+    rows, _ = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=False)
+    _, cols, *sums = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=False, col=True, col_sums=col_sums)
     return (ScaledTensor(*rows, "1x128"), ScaledTensor(*cols, "1x128"), *sums)
 
 

@@ -174,13 +174,14 @@ def _ceil_to(n: int, m: int) -> int:
 
 
 # Tile shapes (rows, cols, warps) per (block, mode); chosen on an H200 by benchmarks/fp8_linear.py.
-# Column blocks with TR == BLK take the transpose-the-codes path. Row modes: best of a sweep (2026-11-29).
+# Best of a sweep on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29). Column blocks with TR == BLK
+# take the transpose-the-codes path.
 TILES: dict[tuple[int, str], tuple[int, int, int]] = {
-    (32, "row"): (16, 256, 4),
+    (32, "row"): (8, 512, 4),
     (32, "col"): (32, 128, 4),
-    (32, "both"): (32, 128, 4),
-    (128, "row"): (8, 512, 4),
-    (128, "col"): (128, 64, 8),
+    (32, "both"): (32, 256, 4),
+    (128, "row"): (8, 1024, 8),
+    (128, "col"): (128, 64, 4),
     (128, "both"): (128, 128, 8),
 }
 
@@ -196,6 +197,8 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
     tr, tc, nw = tiles or TILES[(block, mode)]
+    if (row and tc % block) or (col and tr % block):
+        raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)
     dev = x.device
     sdt = torch.uint8 if e8m0 else torch.float32

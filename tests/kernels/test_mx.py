@@ -222,5 +222,9 @@ def test_rejects_bad_inputs():
         mx.mx_quantize(torch.zeros(4, 32, dtype=torch.int32))
     with pytest.raises(mx.MXFormatError, match="backend"):
         mx.quantize_1x128(torch.zeros(4, 128), backend="cuda")
+    from kernels import mx_triton
+
+    with pytest.raises(ValueError, match="whole 128-blocks"):
+        mx_triton.quantize(torch.zeros(128, 128), 128, False, True, True, tiles=(128, 64, 4))
     with pytest.raises(mx.MXFormatError, match="unknown kind"):
         mx.dequantize_scaled(mx.ScaledTensor(torch.zeros(1, 1), torch.ones(1, 1), (1, 1), "2x2"))

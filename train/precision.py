@@ -43,10 +43,12 @@ class PrecisionPolicy:
     """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``bf16``), weight-gradient
     precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision."""
 
+    # Defaults from benchmarks/RESULTS.md (H200): blockwise with a bf16 weight gradient is the fastest
+    # recipe on the large MLP shapes (1.11-1.13x bf16); interaction-sized layers lose in FP8.
     attention: str = "bf16"
     mlp: str = "blockwise"
-    interaction: str = "blockwise"
-    wgrad: str = "recipe"
+    interaction: str = "bf16"
+    wgrad: str = "bf16"
     high_precision: tuple[str, ...] = HIGH_PRECISION_KINDS
     emulate: bool = False
     mx_on_hopper: str = "emulate"

@@ -120,11 +120,19 @@ class GEMModel(nn.Module):
         return ModelOutput(logits=logits, aux_loss=aux)
 
     # ---- accounting ---------------------------------------------------------------------------
-    def forward_flops(self, batch) -> dict[str, int]:
-        """Forward FLOPs of ``batch`` per part (and ``total``); real tokens only, embeddings 0."""
+    def forward_flops(self, batch, *, padded: bool = False) -> dict[str, int]:
+        """Forward FLOPs of ``batch`` per part (and ``total``); real tokens only, embeddings 0.
+
+        ``padded=True``: the same count as if every history were padded to its batch's longest row
+        (the work a padded implementation does, for comparing the two; MFU uses the real count).
+        """
         b = int(batch.dense.shape[0])
-        lengths = {name: off.detach().to("cpu", torch.int64) for name, off in batch.seq_offsets.items()}
-        return self.flops_for_lengths(b, lengths)
+        offsets = {name: off.detach().to("cpu", torch.int64) for name, off in batch.seq_offsets.items()}
+        if padded:
+            for name, off in offsets.items():
+                longest = int(off.diff().max()) if b else 0
+                offsets[name] = torch.arange(b + 1, dtype=torch.int64) * longest
+        return self.flops_for_lengths(b, offsets)
 
     def flops_for_lengths(self, batch: int, seq_offsets: dict[str, torch.Tensor]) -> dict[str, int]:
         """Forward FLOPs of a batch of ``batch`` rows whose sequences have these ``[B+1]`` CPU offsets."""

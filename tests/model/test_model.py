@@ -81,6 +81,10 @@ def test_forward_flops_match_the_flop_counter():
     assert flops["encoder_attention_core"] == 2 * 4 * 4 * 5 * 5 * 16  # layers * 4*pairs*H*D
     # per-part numbers add up, and block-local attention counts fewer pairs
     assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
+    assert model.forward_flops(batch, padded=True) == flops  # equal lengths: nothing to pad
+    ragged = synth_batch(schema, rows=8, seed=1)
+    real, box = model.forward_flops(ragged), model.forward_flops(ragged, padded=True)
+    assert box["encoder_attention_core"] > real["encoder_attention_core"] and box["heads"] == real["heads"]
     blk = build_model(schema, {**cfg, "sequence_encoder": {"num_layers": 2, "attention": "block", "block_size": 2}})
     assert blk.forward_flops(batch)["encoder_attention_core"] < flops["encoder_attention_core"]
 

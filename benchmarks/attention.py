@@ -58,7 +58,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- check
-def check() -> list[str]:
+def check(shard: int = 0, shards: int = 1) -> list[str]:
     rows = ["| case | dtype | out err (ours / ref-lowp) | worst grad err (ours / ref-lowp) | ok |", "|---|---|---|---|---|"]
     torch.manual_seed(0)
     cases = []
@@ -70,13 +70,14 @@ def check() -> list[str]:
         cases.append(dict(act=act, causal=False, bias=False, nt=False, cross=False, bs=None, w=100, d=32))
     cases.append(dict(act="softmax", causal=True, bias=False, nt=False, cross=False, bs=None, w=None, d=256))
     all_ok = True
-    for c in cases:
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            if dtype != torch.bfloat16 and c["act"] != "softmax":
-                continue  # fp16/fp32 pointwise paths are covered by the CPU interpreter tests
-            ok, line = _check_case(c, dtype)
-            all_ok &= ok
-            rows.append(line)
+    jobs = [(c, dtype) for c in cases for dtype in (torch.bfloat16, torch.float16, torch.float32)
+            # fp16/fp32 pointwise paths are covered by the CPU interpreter tests
+            if dtype == torch.bfloat16 or c["act"] == "softmax"]
+    for c, dtype in jobs[shard::shards]:
+        ok, line = _check_case(c, dtype)
+        all_ok &= ok
+        rows.append(line)
+        print(line, flush=True)
     rows.append(f"\nALL OK: {all_ok}")
     return rows
 
@@ -162,7 +163,7 @@ def _padded(t: torch.Tensor, offs: torch.Tensor, lens: torch.Tensor, max_len: in
     return out.transpose(1, 2).contiguous().requires_grad_()
 
 
-def bench(name: str) -> list[str]:
+def bench(name: str, only: set[str] | None = None) -> list[str]:
     B, max_len, H, D = BATCHES[name]
     flex, create_block_mask = _flex()
     lens = lengths(B, max_len)
@@ -204,7 +205,10 @@ def bench(name: str) -> list[str]:
             print(f"  baseline failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
             return None, None
 
+    want = lambda row: only is None or row in only
     for causal in (True, False):
+        if not want("softmax"):
+            break
         flops = jagged_attention_flops(offs, offs, H, D, causal=causal)
         ours = _time_pair(lambda c=causal: jagged_attention(q, k, v, offs, offs, causal=c, max_kv_len=max_len),
                           do, [q, k, v])
@@ -221,7 +225,23 @@ def bench(name: str) -> list[str]:
         if causal:
             soft_causal = ours
 
-    # Relative position + time bias (learnable tables), causal.
+    if want("bias"):
+        _bias_row(emit, safe, flex, create_block_mask, q, k, v, qf, kf, vf, do, dof, offs, doc, pos_in_row, ts,
+                  pos_w, time_w, max_len, H, D, T)
+    if want("cross"):
+        _cross_row(emit, safe, flex, create_block_mask, k, v, kf, vf, kp, vp, offs, doc, max_len, B, H, D, T, g, mk)
+    if want("silu") and want("softmax"):  # compared with the causal softmax row
+        # Causal silu: no baseline can do it; compared with our own causal softmax.
+        flops = jagged_attention_flops(offs, offs, H, D, causal=True)
+        ours = _time_pair(lambda: jagged_attention(q, k, v, offs, offs, activation="silu", causal=True,
+                                                   max_kv_len=max_len), do, [q, k, v])
+        emit("causal silu (vs our softmax)", [("ours", *ours), ("ours softmax", *soft_causal)], flops)
+    return rows
+
+
+def _bias_row(emit, safe, flex, create_block_mask, q, k, v, qf, kf, vf, do, dof, offs, doc, pos_in_row, ts,
+              pos_w, time_w, max_len, H, D, T) -> None:
+    """Relative position + time bias (learnable tables), causal, vs flex with the same score_mod."""
     flops = jagged_attention_flops(offs, offs, H, D, causal=True)
     bias = RelativeBias(pos_w, time_w, ts, ts)
     ours = _time_pair(lambda: jagged_attention(q, k, v, offs, offs, causal=True, bias=bias, max_kv_len=max_len),
@@ -245,7 +265,10 @@ def bench(name: str) -> list[str]:
                                      "BLOCK_M2": 64, "BLOCK_N2": 32, "num_stages": 1}))
     emit("causal softmax + pos/time bias", [("ours", *ours), ("flex score_mod", *fx)], flops)
 
-    # Cross attention: 16 candidate tokens per row over the whole history.
+
+def _cross_row(emit, safe, flex, create_block_mask, k, v, kf, vf, kp, vp, offs, doc, max_len, B, H, D, T, g,
+               mk) -> None:
+    """Cross attention: 16 candidate tokens per row over the whole history."""
     lq = torch.full((B,), 16, dtype=torch.int64)
     qo = offsets_of(lq)
     qc = mk(16 * B)
@@ -266,20 +289,13 @@ def bench(name: str) -> list[str]:
     sd = safe(lambda: _time_pair(sdpa_c, dcp, [qcp, kp, vp]))
     emit("cross attention (Lq=16)", [("ours", *ours), ("flex", *fx), ("padded SDPA", *sd)], flops)
 
-    # Causal silu: no baseline can do it; compared with our own causal softmax.
-    flops = jagged_attention_flops(offs, offs, H, D, causal=True)
-    ours = _time_pair(lambda: jagged_attention(q, k, v, offs, offs, activation="silu", causal=True,
-                                               max_kv_len=max_len), do, [q, k, v])
-    emit("causal silu (vs our softmax)", [("ours", *ours), ("ours softmax", *soft_causal)], flops)
-    return rows
-
 
 def _local_masks(doc: torch.Tensor) -> dict[str, Callable]:
     return {"block": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i // 64 == j // 64),
             "window": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i - j <= 256)}
 
 
-def local() -> list[str]:
+def local(seq_lens: list[int] | None = None) -> list[str]:
     """Issue 5: block-local (S=64) and window (W=256) vs full causal and flex, B*L constant."""
     H, D, tokens = 8, 128, 1 << 17
     flex, create_block_mask = _flex()
@@ -292,7 +308,7 @@ def local() -> list[str]:
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     qf, kf, vf = _packed(q), _packed(k), _packed(v)
     dof = do.permute(1, 0, 2).unsqueeze(0).contiguous()
-    for L in (2048, 4096, 8192, 16384, 32768):
+    for L in seq_lens or (2048, 4096, 8192, 16384, 32768):
         B = tokens // L
         offs = offsets_of(torch.full((B,), L, dtype=torch.int64))
         doc = torch.arange(tokens, device="cuda") // L
@@ -319,14 +335,16 @@ def main(argv: list[str]) -> None:
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     out: list[str] = []
     what = argv[1] if len(argv) > 1 else "bench"
-    if what == "check":
-        out = check()
-    elif what == "bench":
-        for name in argv[2:] or ["A", "B"]:
-            out += bench(name) + [""]
-    elif what == "local":
-        out = local()
-    print("\n".join(out), flush=True)
+    if what == "check":  # check [SHARD SHARDS]
+        out = check(*(int(a) for a in argv[2:4]))
+    elif what == "bench":  # bench [A] [B] [rows=softmax,bias,cross,silu]
+        only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
+        for name in [a for a in argv[2:] if not a.startswith("rows=")] or ["A", "B"]:
+            out += bench(name, only) + [""]
+    elif what == "local":  # local [L ...]
+        out = local([int(a) for a in argv[2:]] or None)
+    if what != "check":
+        print("\n".join(out), flush=True)
 
 
 if __name__ == "__main__":

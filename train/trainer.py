@@ -37,6 +37,7 @@ from ingest.batch import JaggedBatch, PaddingStats
 from train import checkpoint as ckpt
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
+from train.distributed import is_distributed
 from train.metrics import TaskMetrics
 
 
@@ -93,15 +94,14 @@ def build_optimizer(model: nn.Module, cfg: RunConfig):
     dense_opt = None
     if dense:
         dense_opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
-            ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=False))
+            ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay))
         opts.append(("dense", dense_opt))
     if sparse:
         s = o.sparse
         if s.name == "rowwise_adagrad":
             factory = lambda ps: RowWiseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         else:
-            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay,
-                                                  foreach=False)
+            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         opts.append(("sparse", KeyedOptimizerWrapper(sparse, factory)))
     if not opts:
         raise GemtrainError("the model has no trainable parameters")
@@ -130,6 +130,10 @@ class Trainer:
         self.schema: FeatureSchema = load_schema(cfg.schema_path())
         self.tasks = list(self.schema.label_names)
         self.device = resolve_device(cfg.train.device)
+        if is_distributed():  # one of several processes (torchrun): its own device, the process group
+            from train.dist_trainer import init_distributed
+
+            self.device = init_distributed(cfg)
         if cfg.train.torch_threads:
             torch.set_num_threads(cfg.train.torch_threads)
         self._seed(cfg.train.seed)
@@ -163,7 +167,7 @@ class Trainer:
             return make_loader(self.schema, c, url, batch_size=c.train.batch_size, shuffle=True,
                                epochs=c.data.epochs, seed=c.train.seed)
         return make_loader(self.schema, c, url, batch_size=c.eval.batch_size or c.train.batch_size,
-                           shuffle=False, epochs=1, seed=c.train.seed, remainder="pad_with_repeat")
+                           shuffle=False, epochs=1, seed=c.train.seed)
 
     def _oracle(self, batch: JaggedBatch) -> dict[str, torch.Tensor] | None:
         out = {t: batch.metadata[f"p_{t}"] for t in self.tasks if f"p_{t}" in batch.metadata}
@@ -249,8 +253,12 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
+        if is_distributed():  # sharded / data-parallel training: train/dist_trainer.py
+            from train.dist_trainer import fit_distributed
+
+            return fit_distributed(self)
         c = self.cfg
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), time.process_time()
         ensure_synthetic(c, self.schema, self.log)
         if self.resume:
             latest = ckpt.latest_checkpoint(self.run_dir)
@@ -310,6 +318,7 @@ class Trainer:
         if c.eval.at_end and c.data.eval_url:
             last_eval = self._eval_and_log()
         summary = self._summary(last_eval, time.perf_counter() - t_start)
+        summary["cpu_seconds"] = time.process_time() - cpu_start  # all threads of this process
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
         if self._tb is not None:
             self._tb.close()

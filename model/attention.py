@@ -73,7 +73,8 @@ class TargetCrossAttention(nn.Module):
     """The non-sequential tokens (candidate ad, user, creative...) attend over an encoded history.
 
     Queries: ``N`` tokens per row; keys/values: the row's history (any length, 0 included, which gives a
-    zero update). A residual MLP follows, both pre-norm.
+    zero update). A residual MLP follows, both pre-norm. The queries sit after the history's last event
+    (bottom-right alignment), so the optional relative position bias is a learned recency profile.
     """
 
     precision_kind = "attention"
@@ -90,6 +91,8 @@ class TargetCrossAttention(nn.Module):
         self.out = nn.Linear(d, d)
         self.mlp = MLP(d, cfg.sequence_encoder.mlp_ratio * d)
         self.drop = nn.Dropout(cfg.dropout)
+        ca = cfg.cross_attention
+        self.pos_weight = nn.Parameter(torch.zeros(ca.num_position_buckets, h)) if ca.position_bias else None
 
     def forward(self, tokens: torch.Tensor, hist: History) -> torch.Tensor:
         b, n, d = tokens.shape
@@ -98,9 +101,10 @@ class TargetCrossAttention(nn.Module):
         q_offsets = torch.arange(b + 1, device=tokens.device, dtype=hist.offsets.dtype) * n
         kw = dict(activation=self.activation, causal=False)
         if self.padded:
-            y = padded_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, **kw)
+            y = padded_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, pos_weight=self.pos_weight, **kw)
         else:
-            y = jagged_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, max_q_len=n,
+            bias = RelativeBias(pos_weight=self.pos_weight) if self.pos_weight is not None else None
+            y = jagged_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, bias=bias, max_q_len=n,
                                  max_kv_len=hist.max_length, **kw)
         tokens = tokens + self.drop(self.out(y.reshape(b, n, d)))
         return tokens + self.drop(self.mlp(self.norm_mlp(tokens)))

@@ -50,6 +50,7 @@ class SequenceEncoderConfig:
     causal: bool = True
     mlp_ratio: int = 4
     time_gap_buckets: int = 32  # buckets of the time-gap encoding of each event
+    recency_positions: int = 64  # learned embedding of "events ago" (0 = most recent), clipped; 0 = off
     bias: RelativeBiasConfig = field(default_factory=RelativeBiasConfig)
 
 
@@ -59,6 +60,9 @@ class CrossAttentionConfig:
 
     enabled: bool = True
     activation: str = "softmax"
+    # Relative position bias over the history (queries sit after its last event, so it learns recency).
+    position_bias: bool = True
+    num_position_buckets: int = 129
 
 
 @dataclass
@@ -157,6 +161,11 @@ class ModelConfig:
         for key in ("window", "block_size", "mlp_ratio", "time_gap_buckets"):
             if getattr(enc, key) < 1:
                 raise bad(f"sequence_encoder.{key}", f"must be a positive integer, got {getattr(enc, key)}")
+        if enc.recency_positions < 0:
+            raise bad("sequence_encoder.recency_positions", f"must be >= 0 (0 turns it off), got {enc.recency_positions}")
+        if self.cross_attention.num_position_buckets < 1:
+            raise bad("cross_attention.num_position_buckets",
+                      f"must be a positive integer, got {self.cross_attention.num_position_buckets}")
         for key in ("num_position_buckets", "num_time_buckets"):
             if getattr(enc.bias, key) < 1:
                 raise bad(f"sequence_encoder.bias.{key}", f"must be a positive integer, got {getattr(enc.bias, key)}")

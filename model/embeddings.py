@@ -48,7 +48,8 @@ class SequenceTokenizer(nn.Module):
 
     precision_kind = "embedding"
 
-    def __init__(self, seq: SequenceSpec, schema: FeatureSchema, d_model: int, time_buckets: int):
+    def __init__(self, seq: SequenceSpec, schema: FeatureSchema, d_model: int, time_buckets: int,
+                 recency_positions: int = 0):
         super().__init__()
         self.name = seq.name
         self.keys = [seq.key(f.name) for f in seq.id_fields]
@@ -62,6 +63,7 @@ class SequenceTokenizer(nn.Module):
         if self.has_time:
             self.gap_to_last = nn.Embedding(time_buckets, d_model)
             self.gap_to_prev = nn.Embedding(time_buckets, d_model)
+        self.recency = nn.Embedding(recency_positions, d_model) if recency_positions else None
         self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, ids: dict[str, torch.Tensor], floats: torch.Tensor | None, offsets: torch.Tensor,
@@ -71,10 +73,19 @@ class SequenceTokenizer(nn.Module):
             parts.append(self.float_proj(floats))
         if self.has_time and timestamps is not None:
             parts.append(self.time_encoding(timestamps, offsets))
+        if self.recency is not None:
+            parts.append(self.recency_encoding(offsets, parts[0].shape[0] if parts else 0))
         x = parts[0]
         for p in parts[1:]:
             x = x + p
         return x + self.bias
+
+    def recency_encoding(self, offsets: torch.Tensor, total: int) -> torch.Tensor:
+        """Embedding of how many events ago each event happened (0 = the row's latest), clipped."""
+        assert self.recency is not None
+        rows = row_index(offsets, total)
+        ago = offsets[1:][rows] - 1 - torch.arange(total, device=offsets.device)
+        return self.recency(ago.clamp_max(self.recency.num_embeddings - 1))
 
     def time_encoding(self, ts: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         total = ts.shape[0]
@@ -116,7 +127,8 @@ class GEMEmbeddings(nn.Module):
                 mod.precision_kind = "embedding"
 
         self.sequences = nn.ModuleDict({
-            s.name: SequenceTokenizer(s, schema, d, cfg.sequence_encoder.time_gap_buckets)
+            s.name: SequenceTokenizer(s, schema, d, cfg.sequence_encoder.time_gap_buckets,
+                                      cfg.sequence_encoder.recency_positions)
             for s in schema.sequences
         })
         # Non-sequential tokens, in schema feature order; scalar floats share one token at the end.

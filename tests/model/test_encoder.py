@@ -50,6 +50,9 @@ def test_forward_backward_every_encoder_option(name, batch):
         assert attn.pos_weight.grad.abs().sum() > 0
     else:
         assert attn.pos_weight is None and attn.time_weight is None
+    cross = model.cross["history"]
+    assert cross.pos_weight.grad.abs().sum() > 0  # the cross attention's recency bias learns
+    assert model.embeddings.sequences["history"].recency.weight.grad.abs().sum() > 0
     emb_grad = model.embeddings.ec.embeddings["item"].weight.grad
     assert emb_grad is not None and emb_grad.abs().sum() > 0  # history ids reach the loss
 
@@ -78,8 +81,9 @@ def test_padded_impl_equals_jagged(name, batch):
     padded.load_state_dict(jagged.state_dict())
     with torch.no_grad():  # non-zero bias tables, so the bias path is compared too
         for m in (jagged, padded):
-            for layer in m.encoders["history"].layers:
-                for w in (layer.attn.pos_weight, layer.attn.time_weight):
+            tables = [(layer.attn.pos_weight, layer.attn.time_weight) for layer in m.encoders["history"].layers]
+            for pair in [*tables, (m.cross["history"].pos_weight, None)]:
+                for w in pair:
                     if w is not None:
                         w.copy_(torch.linspace(-1, 1, w.numel()).view_as(w))
     a, b = jagged(batch).logits, padded(batch).logits

@@ -98,17 +98,19 @@ def test_user_errors_exit_1_usage_errors_exit_2(tmp_path):
     assert r.returncode == 2 and "--rows" in r.stderr
 
 
-def test_object_store_urls(s3_server):
-    """synth to s3:// with --storage-option, validate with the usual environment variable only."""
+def test_object_store_urls(s3_server, capsys):
+    """synth to s3:// with --storage-option (in-process, to save an interpreter start), then
+    validate in a subprocess configured by the usual environment variable only."""
     import s3fs
+
+    from train.cli import main
 
     endpoint = s3_server["client_kwargs"]["endpoint_url"]
     s3fs.S3FileSystem(**s3_server).mkdir("cli-test")
-    r = gemtrain("data", "synth", "--schema", DEMO, "--out", "s3://cli-test/demo", "--rows", "800",
+    assert main(["data", "synth", "--schema", DEMO, "--out", "s3://cli-test/demo", "--rows", "800",
                  "--files", "2", "--report-rows", "0", "--storage-option",
-                 f"client_kwargs.endpoint_url={endpoint}")
-    assert r.returncode == 0, r.stderr
-    assert "s3://cli-test/demo/part-00001.parquet" in r.stdout
+                 f"client_kwargs.endpoint_url={endpoint}", "--storage-option", "skip_instance_cache=true"]) == 0
+    assert "s3://cli-test/demo/part-00001.parquet" in capsys.readouterr().out
     v = gemtrain("data", "validate", "s3://cli-test/demo", "--schema", DEMO, env=_env(AWS_ENDPOINT_URL=endpoint))
     assert v.returncode == 0, v.stdout + v.stderr
     assert "ok    s3://cli-test/demo/part-00000.parquet: 400 rows" in v.stdout

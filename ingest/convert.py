@@ -127,8 +127,9 @@ def _column(data: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
 def _check_ids(values: np.ndarray, num_embeddings: int, key: str) -> None:
     if values.size == 0:
         return
-    lo, hi = int(values.min()), int(values.max())
-    if lo < 0 or hi >= num_embeddings:
+    # One pass: as unsigned, negative ids are huge, so the max alone finds both kinds of bad id.
+    if int(values.view(np.uint64).max()) >= num_embeddings:
+        lo, hi = int(values.min()), int(values.max())
         bad = lo if lo < 0 else hi
         raise DataError(
             f"id feature '{key}' holds id {bad}, outside its table's range [0, {num_embeddings}) "
@@ -144,31 +145,60 @@ def _ids(values: np.ndarray, key: str, schema: FeatureSchema, table: str, hashed
     return values
 
 
+class _Jagged:
+    """A list column over one or more chunks: offsets across all of them, and per-field values.
+
+    One chunk: the values are views of its buffers. Several chunks (a shuffled batch gathered from
+    several row groups): each chunk's kept values are concatenated once, with no Arrow-level concat.
+    """
+
+    def __init__(self, data, name: str, max_length: int | None):
+        col = data.column(name)
+        self.chunks = [c for c in col.chunks if len(c)] if isinstance(col, pa.ChunkedArray) else [col]
+        if not self.chunks:
+            self.chunks = [pa.array([], type=col.type)]
+        self.cols = [JaggedColumn.of(c, max_length) for c in self.chunks]
+        if len(self.cols) == 1:
+            self.offsets, self.lengths = self.cols[0].offsets, self.cols[0].lengths
+        else:
+            self.lengths = np.concatenate([c.lengths for c in self.cols])
+            self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+            np.cumsum(self.lengths, out=self.offsets[1:])
+        self.truncated = sum(c.truncated for c in self.cols)
+
+    def field(self, name: str | None, fill=0) -> np.ndarray:
+        """Kept values of a struct field (`name`) or of the list's own values (`None`)."""
+        parts = [c.take(ch.values if name is None else ch.values.field(name), fill)
+                 for c, ch in zip(self.cols, self.chunks)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def _sequence(data, seq: SequenceSpec, schema: FeatureSchema):
-    arr = _column(data, seq.name)
-    col = JaggedColumn.of(arr, seq.max_length)
-    struct = arr.values
+    col = _Jagged(data, seq.name, seq.max_length)
     ids = {}
     for f in seq.id_fields:
         key = seq.key(f.name)
-        ids[key] = _ids(col.take(struct.field(f.name)), key, schema, f.table, f.hash)
-    floats = [col.take(struct.field(f.name), 0.0) for f in seq.float_fields]
+        ids[key] = _ids(col.field(f.name), key, schema, f.table, f.hash)
+    floats = [col.field(f.name, 0.0) for f in seq.float_fields]
     if len(floats) == 1:
-        seq_floats = _t(floats[0]).view(-1, 1)  # still a view of the Arrow buffer
+        seq_floats = _t(floats[0]).view(-1, 1)  # still a view of the Arrow buffer (one chunk)
     elif floats:
         seq_floats = _t(np.stack(floats, axis=1))
     else:
         seq_floats = torch.empty((int(col.offsets[-1]), 0), dtype=torch.float32)
     ts = None
     if seq.timestamp_field is not None:
-        ts = _t(col.take(struct.field(seq.timestamp_field.name)))
+        ts = _t(col.field(seq.timestamp_field.name))
     stats = SequenceStats.of_lengths(_t(col.lengths), seq.max_length, col.truncated)
     return col, ids, seq_floats, ts, stats
 
 
-def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema) -> JaggedBatch:
-    """One Arrow table or record batch (columns as in `schema.arrow_schema()`) -> a `JaggedBatch`."""
-    problems = check_arrow_schema(schema.arrow_schema(), data.schema, allow_extra=True)
+def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema, *, check: bool = True) -> JaggedBatch:
+    """One Arrow table or record batch (columns as in `schema.arrow_schema()`) -> a `JaggedBatch`.
+
+    `check=False` skips the column check, for callers that checked the file's schema already.
+    """
+    problems = check_arrow_schema(schema.arrow_schema(), data.schema, allow_extra=True) if check else []
     if problems:
         raise DataError("batch does not match schema '" + schema.name + "': "
                         + "; ".join(str(p) for p in problems))
@@ -189,13 +219,12 @@ def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema) -> Ja
         stats.sequences[seq.name] = st
 
     for f in schema.id_features:
-        arr = _column(data, f.name)
         if f.type == "id":
-            values = _np(arr)
+            values = _np(_column(data, f.name))
             lengths = np.ones(b, dtype=np.int64)
         else:
-            col = JaggedColumn.of(arr)
-            values = col.take(arr.values)
+            col = _Jagged(data, f.name, None)
+            values = col.field(None)
             lengths = col.lengths
         key_values[f.name] = _ids(values, f.name, schema, f.table, f.hash)
         key_lengths[f.name] = lengths

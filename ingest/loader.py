@@ -280,7 +280,7 @@ class Loader:
 
     def _convert(self, item: tuple[pa.Table, dict[str, Any]]) -> tuple[JaggedBatch, dict[str, Any]]:
         table, info = item
-        return table_to_batch(table, self.schema), info
+        return table_to_batch(table, self.schema, check=False), info  # files checked from footers
 
     # ---- windows and batches (one thread, in stream order) ----------------------------------------
     def _assemble(self, read: tn.BaseNode, plan: EpochPlan, w: int, skip: int):
@@ -316,7 +316,7 @@ class Loader:
 
     def _fixed_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
         """(rows table or None, stream positions) pieces in emission order, cut at batch boundaries."""
-        table, valid = _window_table(window, combine=plan.shuffle)
+        table, valid = _window_table(window)
         perm = plan.window_perm(self.rank, w)
         i = skip
         bs = self.config.batch_size
@@ -335,14 +335,15 @@ class Loader:
                 rows = np.cumsum(valid)[keep] - 1
             else:
                 rows = idx
-            yield _take(table, rows, contiguous=not plan.shuffle), n
+            # A batch's membership is random; inside it rows keep stream order (cheaper gathers).
+            yield _take(table, np.sort(rows)), n
 
     def _pos_in_batch(self, plan: EpochPlan, w: int, skip: int) -> int:
         # Positions already in the open batch when window `w` starts (batches run across windows).
         return (w * plan.window_rows + skip) % self.config.batch_size
 
     def _token_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
-        table, valid = _window_table(window, combine=True)
+        table, valid = _window_table(window)
         perm = plan.window_perm(self.rank, w)
         if valid is not None:
             perm = perm[valid[perm]]
@@ -350,14 +351,15 @@ class Loader:
         else:
             row_of = None
         rows = perm if row_of is None else row_of[perm]
-        lengths = [_lengths(table, s.name) for s in self.schema.sequences]
+        lengths = [table.column_lengths(s.name) if table is not None else np.zeros(0, np.int64)
+                   for s in self.schema.sequences]
         events = row_events([ln[rows] for ln in lengths], self._max_lengths) if lengths \
             else np.zeros(len(rows), np.int64)
         groups = token_batches(events, self.config.token_budget, self.config.batch_size)
         for b, g in enumerate(groups):
             if b < skip:
                 continue
-            yield (_take(table, rows[g], contiguous=False),
+            yield (_take(table, np.sort(rows[g])),
                    {"window": w, "local": perm[g].tolist(), "last": b == len(groups) - 1})
 
     # ---- state -----------------------------------------------------------------------------
@@ -470,45 +472,56 @@ def _split(pending: list[tuple[pa.Table | None, int]], n: int):
     return out, rest
 
 
-def _window_table(window: list[tuple[pa.Table | None, int]], combine: bool):
+class _Rows:
+    """A window's rows as record batches (zero-copy pieces of the row groups read)."""
+
+    def __init__(self, tables: list[pa.Table]):
+        self.batches = [rb for t in tables for rb in t.to_batches() if rb.num_rows]
+        self.starts = np.cumsum([0] + [rb.num_rows for rb in self.batches]).astype(np.int64)
+        self.lengths_cache: dict[str, np.ndarray] = {}
+
+    def column_lengths(self, column: str) -> np.ndarray:
+        if column not in self.lengths_cache:
+            parts = []
+            for rb in self.batches:
+                offs, valid = list_offsets(rb.column(column))
+                ln = np.diff(offs.astype(np.int64))
+                parts.append(np.where(valid, ln, 0) if valid is not None else ln)
+            self.lengths_cache[column] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self.lengths_cache[column]
+
+
+def _window_table(window: list[tuple[pa.Table | None, int]]):
     tables = [t for t, _ in window if t is not None]
     valid = None
     if len(tables) != len(window):
         valid = np.concatenate([np.full(n, t is not None) for t, n in window]) if window \
             else np.zeros(0, bool)
-    if not tables:
-        return None, valid
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    if combine:
-        table = table.combine_chunks()
-    return table, valid
+    return (_Rows(tables) if tables else None), valid
 
 
-def _take(table: pa.Table | None, rows: np.ndarray, contiguous: bool) -> pa.Table | None:
-    if table is None or len(rows) == 0:
+def _take(rows_of: _Rows | None, rows: np.ndarray) -> pa.Table | None:
+    """Rows (ascending) of a window: slices where they are contiguous, else one gather per batch."""
+    if rows_of is None or len(rows) == 0:
         return None
-    if contiguous and rows[-1] - rows[0] == len(rows) - 1:
-        return table.slice(int(rows[0]), len(rows))
-    return table.take(pa.array(rows, type=pa.int64()))
+    k = np.searchsorted(rows_of.starts, rows, side="right") - 1
+    cut = np.flatnonzero(np.diff(k)) + 1
+    parts = []
+    for grp in np.split(np.arange(len(rows)), cut):
+        b = int(k[grp[0]])
+        local = rows[grp] - rows_of.starts[b]
+        rb = rows_of.batches[b]
+        if local[-1] - local[0] == len(local) - 1:
+            parts.append(rb.slice(int(local[0]), len(local)))
+        else:
+            parts.append(rb.take(pa.array(local, type=pa.int64())))
+    return pa.Table.from_batches(parts)
 
 
 def _concat(parts: list[pa.Table], schema: FeatureSchema) -> pa.Table:
     if not parts:
         return schema.arrow_schema().empty_table()
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-
-
-def _lengths(table: pa.Table | None, column: str) -> np.ndarray:
-    if table is None:
-        return np.zeros(0, np.int64)
-    out = []
-    for chunk in table.column(column).chunks:
-        offs, valid = list_offsets(chunk)
-        ln = np.diff(offs.astype(np.int64))
-        if valid is not None:
-            ln = np.where(valid, ln, 0)
-        out.append(ln)
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 _ = threading  # the stats lock lives in ingest.stats

@@ -135,6 +135,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: dict[str, Any] = field(default_factory=dict)  # model.parallelize.ParallelConfig
     source: str = "<memory>"  # the YAML file this came from (not a key)
     model_dict: dict[str, Any] = field(default_factory=dict)  # the model section as written (not a key)
 

@@ -78,7 +78,8 @@ def ensure_synthetic(cfg: RunConfig, schema: FeatureSchema, log: Callable[[str],
 
 
 def make_loader(schema: FeatureSchema, cfg: RunConfig, url: str, *, batch_size: int, shuffle: bool,
-                epochs: int | None, seed: int, remainder: str | None = None) -> Any:
+                epochs: int | None, seed: int, remainder: str | None = None, rank: int = 0,
+                world_size: int = 1) -> Any:
     try:
         from ingest.loader import Loader, LoaderConfig
     except ImportError:  # TEMPORARY until ingest/loader.py lands
@@ -94,7 +95,7 @@ def make_loader(schema: FeatureSchema, cfg: RunConfig, url: str, *, batch_size: 
     if remainder is not None:
         extra["remainder"] = remainder
     lc = LoaderConfig(url=url, batch_size=batch_size, shuffle=shuffle, epochs=epochs, seed=seed, **extra)
-    return Loader(schema, lc)
+    return Loader(schema, lc, rank=rank, world_size=world_size)
 
 
 class DevicePrefetcher:

@@ -84,6 +84,9 @@ class ParallelConfig:
         if unknown:
             raise ParallelConfigError(f"distributed: unknown key(s) {', '.join(unknown)}; allowed: "
                                       + ", ".join(sorted(names)))
+        types = {f.name: type(f.default) for f in fields(ParallelConfig)}
+        for k, v in list(d.items()):
+            d[k] = _coerce(k, v, types[k])
         cfg = ParallelConfig(**d)
         if cfg.sparse not in ("model_parallel", "replicate"):
             raise ParallelConfigError(f"distributed.sparse={cfg.sparse!r}: use model_parallel or replicate")
@@ -92,6 +95,22 @@ class ParallelConfig:
         if cfg.mixed_precision not in ("auto", "bf16", "none"):
             raise ParallelConfigError(f"distributed.mixed_precision={cfg.mixed_precision!r}: auto, bf16 or none")
         return cfg
+
+
+def _coerce(key: str, v: Any, tp: type) -> Any:
+    """Values from `--distributed.key=value` overrides arrive as strings."""
+    if isinstance(v, tp) and not (tp is int and isinstance(v, bool)):
+        return v
+    try:
+        if tp is bool and isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return v.lower() in ("true", "1", "yes")
+        if tp in (int, float) and not isinstance(v, bool):
+            return tp(v)
+        if tp is str:
+            return str(v)
+    except (TypeError, ValueError):
+        pass
+    raise ParallelConfigError(f"distributed.{key}={v!r}: expected {tp.__name__}")
 
 
 # ---- the traceable root ------------------------------------------------------------------------
@@ -654,6 +673,7 @@ class ExpertParallelMoE(nn.Module):
             p.register_post_accumulate_grad_hook(router_hook)
         for p in self.experts.parameters():
             p.register_post_accumulate_grad_hook(expert_hook)
+            p._ep_replicas = world // self.ep  # ranks holding this expert (for a global gradient norm)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         import torch.distributed as dist

@@ -6,9 +6,10 @@ state (step, the global loader state, counters) and the sharding plan, then the 
 then renames the folder into place. A checkpoint therefore loads at any world size, sharded or
 not: DCP reads each rank's slices of every tensor from whatever shards hold them (2 -> 1, 1 -> 2,
 2 -> 3). The tables' fused-optimizer state (e.g. row-wise Adagrad's `momentum1`) reloads on any
-sharded world size; a single-process run keeps its own optimizer for the tables and starts that
-state afresh (it is keyed differently), while the tables, dense parameters and dense optimizer
-state carry over.
+sharded world size. A single-process run keeps its own (non-fused) optimizer for the tables, whose
+state is keyed differently (`sum` for row-wise Adagrad, `exp_avg` / `exp_avg_sq` for Adam, and
+`step`); a sharded checkpoint also stores the fused state under those names (the same tensors), and
+a sharded load falls back to them, so table optimizer state carries over 2 -> 1 and 1 -> 2 too.
 """
 
 from __future__ import annotations
@@ -41,9 +42,67 @@ def _rank() -> int:
     return dist.get_rank() if _is_dist() else 0
 
 
+# fused (torchrec TBE) optimizer state name -> the single-process optimizer's name, per optimizer
+FUSED_ALIASES = {
+    "rowwise_adagrad": {"momentum1": "sum"},
+    "adagrad": {"momentum1": "sum"},
+    "adam": {"momentum1": "exp_avg", "momentum2": "exp_avg_sq"},
+    "sgd": {},
+}
+
+
+def _fused_entries(optim_sd: dict, sparse_name: str):
+    """(param key, fused state name, single-process name) of each fused table optimizer state."""
+    aliases = FUSED_ALIASES.get(sparse_name, {})
+    for pkey, pstate in optim_sd.get("state", {}).items():
+        if not isinstance(pstate, dict):
+            continue
+        for name in list(pstate):
+            suffix = name.rsplit(".", 1)[-1]
+            if "." in name and suffix in aliases:  # "<table>.momentum1"
+                yield pkey, name, aliases[suffix]
+
+
+def _as_column(t):
+    """A [rows] (sharded) tensor as a [rows, 1] view: row-wise Adagrad's `sum` has that shape."""
+    if t.dim() != 1:
+        return t
+    if not hasattr(t, "local_shards"):
+        return t.view(-1, 1)
+    import copy
+
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    def col(md):
+        return ShardMetadata([md.shard_offsets[0], 0], [md.shard_sizes[0], 1], md.placement)
+
+    meta = copy.copy(t.metadata())
+    meta.shards_metadata = [col(m) for m in meta.shards_metadata]
+    meta.size = torch.Size([t.size(0), 1])
+    shards = [Shard(sh.tensor.view(-1, 1), col(sh.metadata)) for sh in t.local_shards()]
+    # not collective: ranks own different tables, so they reach this for different tensors
+    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
+
+
+def with_aliases(optim_sd: dict, sparse_name: str, step: int) -> dict:
+    """A copy of `optim_sd` that also holds the fused table state under the single-process names."""
+    out = {**optim_sd, "state": {k: dict(v) if isinstance(v, dict) else v for k, v in optim_sd.get("state", {}).items()}}
+    for pkey, name, alias in _fused_entries(optim_sd, sparse_name):
+        value = optim_sd["state"][pkey][name]
+        out["state"][pkey][alias] = _as_column(value) if alias == "sum" else value
+        out["state"][pkey].setdefault("step", torch.tensor(float(step)))
+    return out
+
+
 def save(run_dir: str | Path, step: int, model_sd: dict, optim_sd: dict | None, trainer_state: dict,
-         keep_last: int = 3, plan: dict | None = None) -> Path:
-    """Collective: every rank calls it with its own state dicts; returns the final folder."""
+         keep_last: int = 3, plan: dict | None = None, sparse_name: str | None = None) -> Path:
+    """Collective: every rank calls it with its own state dicts; returns the final folder.
+
+    `sparse_name` (the tables' optimizer) adds the single-process aliases of the fused state.
+    """
+    if optim_sd is not None and sparse_name:
+        optim_sd = with_aliases(optim_sd, sparse_name, step)
     root = ckpt.checkpoint_dir(run_dir)
     final = root / ckpt.step_dir_name(step)
     tmp = root / f".tmp-{final.name}"
@@ -73,16 +132,26 @@ def save(run_dir: str | Path, step: int, model_sd: dict, optim_sd: dict | None, 
     return final
 
 
-def load(path: str | Path, model_sd: dict, optim_sd: dict | None) -> dict:
+def load(path: str | Path, model_sd: dict, optim_sd: dict | None, sparse_name: str | None = None) -> dict:
     """Collective: loads in place into the given state dicts (any world size); returns the trainer state.
 
-    Optimizer entries that the checkpoint does not hold (another optimizer layout) keep their values.
+    A fused table state the checkpoint lacks is read from its single-process name (`sparse_name`);
+    other optimizer entries the checkpoint does not hold keep their values.
     """
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     path = ckpt.resolve_checkpoint(path)
     state: dict[str, Any] = {"model": model_sd, "trainer": b""}
     if optim_sd is not None:
+        if sparse_name:
+            have = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+            request = {**optim_sd, "state": {k: dict(v) if isinstance(v, dict) else v
+                                             for k, v in optim_sd.get("state", {}).items()}}
+            for pkey, name, alias in _fused_entries(optim_sd, sparse_name):
+                if f"optim.state.{pkey}.{name}" not in have and f"optim.state.{pkey}.{alias}" in have:
+                    value = request["state"][pkey].pop(name)  # a view of the same storage: loads in place
+                    request["state"][pkey][alias] = _as_column(value) if alias == "sum" else value
+            optim_sd = request
         state["optim"] = optim_sd
     try:
         dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "train.commands.report_cmd",
     "train.commands.events_cmd",
     "train.commands.inspect_cmd",
+    "train.commands.runs_cmd",
 ]
 
 

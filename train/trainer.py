@@ -35,6 +35,7 @@ from features.errors import GemtrainError
 from features.schema import FeatureSchema, load_schema
 from ingest.batch import JaggedBatch, PaddingStats
 from train import checkpoint as ckpt
+from train import ledger
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
 from train.distributed import is_distributed
@@ -280,7 +281,7 @@ class Trainer:
             return s == total or (every > 0 and s % every == 0)
 
         self.step_at_start = self.step
-        pf = DevicePrefetcher(loader, self.device, want_state)
+        pf = DevicePrefetcher(loader, self.device, want_state, transform=ledger.attach(self, loader))
         train_metrics = TaskMetrics(self.tasks, max_auc_examples=200_000)
         win = _Window()
         pbar = self._progress(total)
@@ -352,6 +353,7 @@ class Trainer:
                      f"({self.skipped} of at most {c.train.nan_guard_max})")
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        ledger.after_step(self)  # rows.jsonl and ledger.json (train/ledger.py)
         n, ev = batch.batch_size, real_events(batch)
         self.examples_seen += n
         self.events_seen += ev

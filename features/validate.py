@@ -126,6 +126,17 @@ def build_schema(root: Node, source: str) -> FeatureSchema:
             raise ctx.fail(node, f"features.{f.name}.table",
                            f"table '{f.table}' is used by a sequence, which embeds it unpooled; an id_list "
                            "feature is pooled", "give the id_list feature a table of its own")
+    # Every id looked up in one table must be hashed or not alike: a shared table is one id space.
+    hashed_by: dict[str, tuple[bool, str]] = {}
+    users = [(f"sequences.{q.name}.fields.{f.name}", f, top["sequences"].value[q.name].value["fields"].value[f.name])
+             for q in sequences for f in q.id_fields]
+    users += [(f"features.{f.name}", f, top["features"].value[f.name]) for f in features if f.table]
+    for path, f, node in users:
+        first = hashed_by.setdefault(f.table, (f.hash, path))
+        if first[0] != f.hash:
+            raise ctx.fail(node.value.get("hash", node), f"{path}.hash",
+                           f"is {str(f.hash).lower()}, but {first[1]} (same table '{f.table}') has "
+                           f"hash: {str(first[0]).lower()}", "ids sharing a table must be hashed alike")
     if not sequences and not features:
         raise ctx.fail(root, "features", "the schema has no sequences and no features: nothing to learn from")
     return FeatureSchema(name=name, tables=tables, sequences=sequences, features=features, labels=labels,

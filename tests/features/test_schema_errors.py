@@ -84,6 +84,8 @@ CASES = [
      ["name 'age' is already used by features.age"]),
     ("a float field with a table", _edit(11, "      ts: {type: timestamp, table: item}"), 11,
      "sequences.history.fields.ts.table", ["has no table"]),
+    ("ids sharing a table hashed differently", _edit(14, "  item: {type: id, table: item, hash: true}"), 14,
+     "features.item.hash", ["but sequences.history.fields.item_id (same table 'item') has hash: false"]),
     ("wrong metadata type", GOOD + "metadata:\n  row_id: int128\n", 19, "metadata.row_id",
      ["'int128' is not allowed", "allowed: int64"]),
 ]

@@ -23,6 +23,7 @@ from kernels.attention_triton_common import (
     kv_range,
     pos_bucket,
     q_range,
+    smem_prune,
     time_bucket,
     visible,
 )
@@ -53,7 +54,8 @@ def _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scal
     return s
 
 
-@triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"])
+@triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"],
+                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_M", "BLOCK_N")})
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
@@ -145,7 +147,8 @@ def jagged_attn_bwd_dkdv_kernel(
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=_configs("dq"), key=_KEY)
+@triton.autotune(configs=_configs("dq"), key=_KEY,
+                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,

@@ -18,6 +18,25 @@ AUTOTUNE = os.environ.get("GEMTRAIN_ATTN_AUTOTUNE", "1") != "0"
 LOG2E = tl.constexpr(1.4426950408889634)
 
 ACT_CODES = {"softmax": 0, "silu": 1, "gelu": 2}
+SMEM_LIMIT = 232448  # bytes of shared memory per block on Hopper (H100/H200)
+
+
+def smem_prune(inner: str, outer: str):
+    """``early_config_prune`` dropping configs whose pipelined tiles cannot fit in shared memory.
+
+    Estimate: the resident ``outer`` tile plus two streamed ``inner`` tiles per extra pipeline stage,
+    each ``BLOCK_D`` wide (fits the compiler's figures: 344 KB for fp32, D=256, 64/64 tiles, 3 stages).
+    Keeps a small single-stage config when nothing else fits (fp32 with D=256).
+    """
+
+    def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+        elsize = nargs["Q"].element_size()
+        width, resident = kwargs["BLOCK_D"], kwargs[outer]
+        keep = [c for c in configs
+                if 1.1 * elsize * width * (resident + 2 * max(c.num_stages - 1, 1) * c.kwargs[inner]) <= SMEM_LIMIT]
+        return keep or [triton.Config({inner: 16}, num_warps=4, num_stages=1)]
+
+    return prune
 
 
 @triton.jit

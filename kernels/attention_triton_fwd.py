@@ -16,6 +16,7 @@ from kernels.attention_triton_common import (
     act_fwd,
     kv_range,
     pos_bucket,
+    smem_prune,
     time_bucket,
     visible,
 )
@@ -31,7 +32,8 @@ def _configs() -> list[triton.Config]:
     return configs if AUTOTUNE else configs[:1]
 
 
-@triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"])
+@triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"],
+                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_fwd_kernel(
     Q, K, V, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,

@@ -106,3 +106,19 @@ def test_work_list_covers_every_tile_once_longest_first():
     assert len(pairs) == len(expected) and set(pairs) == expected and n >= len(pairs)
     assert [b for b, _ in pairs][:3] == [2, 2, 2] and pairs[0] == (2, 2)  # longest row, last tile first
     assert n == len(pairs)  # exact on CPU
+
+
+def test_config_prune_keeps_what_fits_in_shared_memory():
+    import triton
+
+    from kernels.attention_triton_common import smem_prune
+
+    configs = [triton.Config({"BLOCK_N": bn}, num_warps=4, num_stages=3) for bn in (32, 64, 128)]
+    prune = smem_prune("BLOCK_N", "BLOCK_M")
+    bf16 = {"Q": torch.zeros(1, dtype=torch.bfloat16)}
+    fp32 = {"Q": torch.zeros(1, dtype=torch.float32)}
+    # bf16, D=128: every config fits; fp32, D=256: 64-wide tiles do not (the compiler asked 344 KB).
+    assert prune(configs, bf16, BLOCK_D=128, BLOCK_M=128) == configs
+    assert prune(configs, fp32, BLOCK_D=256, BLOCK_M=64) == configs[:1]
+    kept = prune(configs[1:], fp32, BLOCK_D=256, BLOCK_M=128)  # nothing fits: a small single-stage one
+    assert len(kept) == 1 and kept[0].num_stages == 1 and kept[0].kwargs["BLOCK_N"] == 16

@@ -338,10 +338,7 @@ def _walk_lines(node: Any, prefix: str, out: dict[str, int]) -> None:
 
 
 def build_model_config(d: dict[str, Any], file: str | None = None) -> Any:
-    try:
-        from model.config import ModelConfig
-    except ImportError:  # TEMPORARY until model/config.py lands
-        return dict(d)
+    from model.config import ModelConfig
 
     try:
         return ModelConfig.from_dict(d)

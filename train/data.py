@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from features.errors import GemtrainError
@@ -80,10 +79,7 @@ def ensure_synthetic(cfg: RunConfig, schema: FeatureSchema, log: Callable[[str],
 def make_loader(schema: FeatureSchema, cfg: RunConfig, url: str, *, batch_size: int, shuffle: bool,
                 epochs: int | None, seed: int, remainder: str | None = None, rank: int = 0,
                 world_size: int = 1) -> Any:
-    try:
-        from ingest.loader import Loader, LoaderConfig
-    except ImportError:  # TEMPORARY until ingest/loader.py lands
-        return _TmpLoader(schema, url, batch_size, shuffle, epochs, seed, remainder)
+    from ingest.loader import Loader, LoaderConfig
 
     allowed = {f.name for f in dataclasses.fields(LoaderConfig)}
     fixed = {"url", "batch_size", "shuffle", "epochs", "seed"}
@@ -161,40 +157,3 @@ def real_events(batch: JaggedBatch) -> int:
 def log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
-
-class _TmpLoader:  # TEMPORARY stand-in for ingest.loader.Loader (sequential, resumable by batch count)
-    def __init__(self, schema, url, batch_size, shuffle, epochs, seed, remainder):
-        import glob
-
-        self.schema, self.batch_size, self.epochs, self.seed = schema, batch_size, epochs, seed
-        self.shuffle = shuffle
-        self.files = sorted(glob.glob(str(_local_path(url)) + "/*.parquet"))
-        self.state = {"epoch": 0, "batch": 0}
-        self.remainder = remainder
-
-    def state_dict(self):
-        return dict(self.state)
-
-    def load_state_dict(self, s):
-        self.state = dict(s)
-
-    def __iter__(self):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from ingest.convert import table_to_batch
-
-        table = pa.concat_tables([pq.read_table(f) for f in self.files])
-        n = table.num_rows
-        while self.epochs is None or self.state["epoch"] < self.epochs:
-            g = np.random.default_rng(self.seed + self.state["epoch"])
-            perm = g.permutation(n) if self.shuffle else np.arange(n)
-            nb = n // self.batch_size if self.remainder != "pad_with_repeat" else -(-n // self.batch_size)
-            while self.state["batch"] < nb:
-                b = self.state["batch"]
-                idx = perm[b * self.batch_size:(b + 1) * self.batch_size]
-                if len(idx) < self.batch_size:
-                    idx = np.concatenate([idx, idx[: self.batch_size - len(idx)]])
-                self.state["batch"] += 1
-                yield table_to_batch(table.take(idx), self.schema)
-            self.state = {"epoch": self.state["epoch"] + 1, "batch": 0}

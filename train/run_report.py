@@ -32,8 +32,10 @@ def _series(history: list[dict], kind: str, key: str) -> tuple[list[int], list[f
 
 
 def _plots(history: list[dict], tasks: list[str]) -> list[tuple[str, str]]:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:  # the report keeps its tables
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -141,7 +141,7 @@ class Trainer:
         if model is None:
             from model import build_model
 
-            model = build_model(self.schema, cfg.model)
+            model = build_model(self.schema, cfg.model, device=self.device)
         self.model = model.to(self.device)
         self.optimizer, self.dense_opt, self.dense_params, self.sparse_params = build_optimizer(self.model, cfg)
         self.autocast = self.device.type == "cuda" and cfg.train.bf16

@@ -47,6 +47,7 @@ from ingest.reader import RetryPolicy, read_footers, read_row_group
 from ingest.stats import LoaderStats, QuarantineRecord
 
 STATE_VERSION = 1
+NONFINITE_POLICIES = ("error", "zero")
 
 
 @dataclass
@@ -65,6 +66,7 @@ class LoaderConfig:
     epochs: int | None = 1  # None: forever
     storage_options: dict = field(default_factory=dict)
     retries: int = 4  # attempts per read on transient storage errors
+    nonfinite: str = "error"  # NaN/Inf in dense features: "error", or "zero" (replace by 0 and count)
 
     def __post_init__(self) -> None:
         def bad(what: str) -> GemtrainError:
@@ -84,6 +86,8 @@ class LoaderConfig:
             raise bad(f"on_bad_file must be 'error' or 'quarantine', got '{self.on_bad_file}'")
         if self.epochs is not None and self.epochs < 1:
             raise bad(f"epochs must be >= 1 or None (forever), got {self.epochs}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise bad(f"nonfinite must be one of {NONFINITE_POLICIES}, got '{self.nonfinite}'")
         if self.retries < 1:
             raise bad(f"retries must be >= 1, got {self.retries}")
 
@@ -280,7 +284,9 @@ class Loader:
 
     def _convert(self, item: tuple[pa.Table, dict[str, Any]]) -> tuple[JaggedBatch, dict[str, Any]]:
         table, info = item
-        return table_to_batch(table, self.schema, check=False), info  # files checked from footers
+        batch = table_to_batch(table, self.schema, check=False)  # files checked from footers
+        _nonfinite_dense(batch, self.schema, self.config.nonfinite, self.stats)
+        return batch, info
 
     # ---- windows and batches (one thread, in stream order) ----------------------------------------
     def _assemble(self, read: tn.BaseNode, plan: EpochPlan, w: int, skip: int):
@@ -452,6 +458,35 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def _nonfinite_dense(batch: JaggedBatch, schema: FeatureSchema, policy: str, stats: LoaderStats) -> None:
+    """NaN/Inf in the dense features: an error naming the feature and rows, or zeroed and counted."""
+    dense = batch.dense
+    if dense.numel() == 0:
+        return
+    bad = ~torch.isfinite(dense)
+    if not bool(bad.any()):
+        return
+    if policy == "error":
+        cols = set(bad.any(0).nonzero().flatten().tolist())
+        names = [n for n, c, w in _dense_columns(schema) if cols & set(range(c, c + w))]
+        rows = batch.row_ids[bad.any(1)].tolist()[:5] if batch.row_ids is not None else []
+        raise DataError(f"NaN or Inf in dense feature(s) {', '.join(names)} (row_id {rows}); clean the "
+                        "data, or set the loader's nonfinite: zero to replace them by 0 and count them")
+    n = int(bad.sum())
+    dense.masked_fill_(bad, 0.0)
+    stats.nonfinite_zeroed(n)
+
+
+def _dense_columns(schema: FeatureSchema) -> list[tuple[str, int, int]]:
+    """(feature name, first column in `dense`, width) of every dense feature, in `dense` column order."""
+    out, col = [], 0
+    for f in schema.dense_features:
+        w = f.dim if f.type == "float_vector" else 1
+        out.append((f.name, col, w))
+        col += w
+    return out
 
 
 def _split(pending: list[tuple[pa.Table | None, int]], n: int):

@@ -28,6 +28,7 @@ class LoaderStats:
     rows_repeated: int = 0  # global count per epoch plan (remainder="pad_with_repeat")
     events_truncated: int = 0
     retries: int = 0
+    dense_nonfinite_zeroed: int = 0  # NaN/Inf dense values replaced by 0 (nonfinite: zero)
     padding: PaddingStats = field(default_factory=PaddingStats)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -35,6 +36,10 @@ class LoaderStats:
         with self._lock:
             self.quarantined.append(record)
             self.rows_quarantined += record.rows_lost or 0
+
+    def nonfinite_zeroed(self, n: int) -> None:
+        with self._lock:
+            self.dense_nonfinite_zeroed += n
 
     def retried(self, _exc: BaseException) -> None:
         with self._lock:
@@ -50,5 +55,6 @@ class LoaderStats:
             "rows_repeated": self.rows_repeated,
             "events_truncated": self.events_truncated,
             "retries": self.retries,
+            "dense_nonfinite_zeroed": self.dense_nonfinite_zeroed,
             "padding": self.padding.to_dict(),
         }

@@ -49,6 +49,7 @@ class EpochRecord:
     rows_repeated: int = 0
     events_truncated: int = 0  # history events cut by max_length (oldest first)
     rows_truncated: int = 0  # rows whose history was cut (when the loader reports it)
+    dense_nonfinite_zeroed: int = 0  # NaN/Inf dense values replaced by 0 (loader nonfinite: zero)
     steps: int = 0
     steps_skipped: int = 0  # steps the NaN/Inf guard skipped
 
@@ -64,6 +65,7 @@ class _Tagged:
     quarantined: list[dict]
     dropped: int
     repeated: int
+    zeroed: int = 0
 
 
 class RunLedger:
@@ -76,7 +78,7 @@ class RunLedger:
         self.delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
         self._queue: deque[_Tagged] = deque()
         self._seen_quarantine = 0
-        self._dropped, self._repeated = 0, 0
+        self._dropped, self._repeated, self._zeroed = 0, 0, 0
         self._skipped_before = 0
         self._file_level: list[dict] = []
         self.restarts: list[dict] = []
@@ -101,12 +103,15 @@ class RunLedger:
     def tag(self, batch: Any) -> Any:
         """Device-prefetcher transform: remembers the batch's epoch and the loader's new counts."""
         quarantined, dropped, repeated = self._take_loader_counts()
+        stats = getattr(self.loader, "stats", None)
+        zeroed_total = int(getattr(stats, "dense_nonfinite_zeroed", 0) or 0)
+        zeroed, self._zeroed = zeroed_total - self._zeroed, zeroed_total
         ev = rows_cut = 0
         for st in batch.stats.sequences.values():
             ev += int(st.truncated_events)
             rows_cut += int(getattr(st, "truncated_rows", 0) or 0)
         self._queue.append(_Tagged(int(getattr(self.loader, "_epoch", 0)), batch.row_ids.tolist(), ev, rows_cut,
-                                   quarantined, dropped, repeated))
+                                   quarantined, dropped, repeated, zeroed))
         return batch
 
     def after_step(self, step: int, skipped_total: int) -> None:
@@ -120,6 +125,7 @@ class RunLedger:
         rec.rows_truncated += t.rows_truncated
         rec.rows_dropped_remainder += t.dropped
         rec.rows_repeated += t.repeated
+        rec.dense_nonfinite_zeroed += t.zeroed
         for q in t.quarantined:
             _add_quarantine(rec, q)
         rec.steps += 1
@@ -264,8 +270,9 @@ def format_ledger(d: dict) -> str:
         lines.append(f"  restart: resumed at step {r['resumed_at_step']} (the previous attempt reached step "
                      f"{r.get('last_step_before')})")
     cols = ("epoch", "rows_total", "rows_read", "rows_quarantined", "rows_dropped_remainder", "rows_truncated",
-            "events_truncated", "steps", "steps_skipped")
-    heads = ("epoch", "total", "read", "quarantined", "dropped", "rows_trunc", "events_trunc", "steps", "skipped")
+            "events_truncated", "dense_nonfinite_zeroed", "steps", "steps_skipped")
+    heads = ("epoch", "total", "read", "quarantined", "dropped", "rows_trunc", "events_trunc", "nan_zeroed",
+             "steps", "skipped")
     table = [heads] + [tuple("?" if e.get(c) is None else str(e.get(c)) for c in cols) for e in d.get("epochs", [])]
     widths = [max(len(r[i]) for r in table) for i in range(len(heads))]
     for r in table:

@@ -35,7 +35,9 @@ class RelativeBiasConfig:
     """Learnable relative position / time-difference biases inside the encoder's attention."""
 
     position: bool = True
-    time: bool = True
+    # Off by default: each event token already carries its time gaps, and on CPU the per-row time-bias
+    # gather of the attention reference is the costliest part of a small model's step.
+    time: bool = False
     num_position_buckets: int = 129  # odd: as many buckets before as after the query
     num_time_buckets: int = 32  # log2 buckets of seconds: 32 covers ~136 years
 

@@ -15,7 +15,8 @@ BASE = {"d_model": 16, "num_heads": 2, "top_dim": 32, "head_hidden": 8,
 
 def _cfg(**enc) -> dict:
     return {**BASE, "sequence_encoder": {"num_layers": 2, "window": 3, "block_size": 4,
-                                         "bias": {"num_position_buckets": 9, "num_time_buckets": 8}, **enc}}
+                                         "bias": {"time": True, "num_position_buckets": 9,
+                                                                            "num_time_buckets": 8}, **enc}}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ def test_forward_backward_every_encoder_option(name, batch):
     bias_on = OPTIONS[name]["sequence_encoder"].get("bias", {}).get("position", True)
     if bias_on:  # the relative bias tables learn
         assert attn.pos_weight.grad.abs().sum() > 0
+        if OPTIONS[name]["sequence_encoder"]["bias"].get("time", True):
+            assert attn.time_weight.grad.abs().sum() > 0
     else:
         assert attn.pos_weight is None and attn.time_weight is None
     cross = model.cross["history"]
@@ -120,7 +123,7 @@ def test_model_on_the_triton_kernels_matches_the_reference_path():
     batch = synth_batch(schema, rows=3, seed=2)
     torch.manual_seed(0)
     model = build_model(schema, {**BASE, "sequence_encoder": {"num_layers": 2, "attention": ["window:3", "block:4"],
-                                                              "bias": {"num_position_buckets": 9,
+                                                              "bias": {"time": True, "num_position_buckets": 9,
                                                                        "num_time_buckets": 8}}})
     ref = model(batch).logits
     ref.sum().backward()

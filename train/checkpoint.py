@@ -20,6 +20,7 @@ import os
 import pickle
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model_sd: dict, optim_sd: di
     tmp = root / f".tmp-{final.name}"
     t0 = time.perf_counter()
     state = {"model": model_sd, "optim": optim_sd, "trainer": _pack(trainer_state)}
-    dcp.save(state, checkpoint_id=str(tmp))
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        dcp.save(state, checkpoint_id=str(tmp))
     fault_pause(step)
     (tmp / MARKER).write_text(json.dumps({"step": step, "time": time.time(),
                                           "save_s": round(time.perf_counter() - t0, 3)}) + "\n")
@@ -116,7 +119,9 @@ def load_checkpoint(path: str | Path, model_sd: dict, optim_sd: dict | None) -> 
         if is_url(path):
             dcp.load(state, storage_reader=_fsspec_reader(str(path)))
         else:
-            dcp.load(state, checkpoint_id=str(path))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+                dcp.load(state, checkpoint_id=str(path))
     except Exception as e:  # DCP raises several types; all mean this checkpoint does not fit this run
         raise CheckpointError(f"{path}: cannot load this checkpoint into the configured model: "
                               f"{type(e).__name__}: {str(e)[:500]} (was it written with another model "

@@ -64,8 +64,6 @@ class DataConfig:
     loader: dict[str, Any] = field(default_factory=dict)
     # Train passes over the data; null = repeat until `train.steps`.
     epochs: int | None = None
-    # Feed the model empty histories (every sequence length 0): the no-history baseline.
-    drop_history: bool = False
 
 
 @dataclass

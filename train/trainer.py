@@ -115,6 +115,7 @@ class _Window:
 
     t0: float = field(default_factory=time.perf_counter)
     steps: int = 0
+    ok_steps: int = 0  # steps not skipped by the NaN guard
     examples: int = 0
     events: int = 0
     loss_sum: float = 0.0
@@ -362,6 +363,7 @@ class Trainer:
         win.examples += n
         win.events += ev
         if ok:
+            win.ok_steps += 1
             win.loss_sum += float(loss.detach())
             for k, v in per_task.items():
                 win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + float(v.detach())
@@ -388,10 +390,10 @@ class Trainer:
 
     def _log_train(self, win: _Window, metrics: TaskMetrics) -> dict:
         dt = max(time.perf_counter() - win.t0, 1e-9)
-        good = max(1, win.steps - 0)
+        good = max(1, win.ok_steps)
         m = metrics.compute()
         rec: dict[str, Any] = {"kind": "train", "step": self.step,
-                               "loss": win.loss_sum / good if win.steps else float("nan"),
+                               "loss": win.loss_sum / good if win.ok_steps else float("nan"),
                                "lr": self.cfg.optim.lr * lr_factor(self.step - 1, self.cfg.optim.warmup_steps,
                                                                   self.cfg.train.steps, self.cfg.optim.decay,
                                                                   self.cfg.optim.min_lr_ratio),

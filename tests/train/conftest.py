@@ -20,7 +20,7 @@ TINY_MODEL = [
 def tiny_overrides(data_dir: Path, **extra: object) -> list[str]:
     out = [
         f"--data.train_url={data_dir / 'train'}", f"--data.eval_url={data_dir / 'eval'}",
-        "--data.synth.train_rows=12000", "--data.synth.eval_rows=3000", "--data.synth.files=2",
+        "--data.synth.train_rows=32000", "--data.synth.eval_rows=3000", "--data.synth.files=2",
         "--train.batch_size=128", "--train.steps=20", "--train.log_every=5", "--train.device=cpu",
         "--train.checkpoint_every=0", "--optim.warmup_steps=5",
         "--logging.progress=false", "--logging.tensorboard=false", "--logging.report=false",

@@ -26,7 +26,7 @@ def test_demo_then_eval_end_to_end(tmp_path):
     run = tmp_path / "runs" / "demo"
     p = _gemtrain("demo", str(DEMO_CONFIG), "--run-dir", str(run), *over)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "generating 12,000 synthetic rows" in p.stderr
+    assert "generating 32,000 synthetic rows" in p.stderr
     assert "held-out click: NE" in p.stdout and "oracle NE" in p.stdout
     assert "without history" in p.stdout
     summary = json.loads((run / "summary.json").read_text())

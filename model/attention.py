@@ -58,7 +58,8 @@ class SelfAttention(nn.Module):
             y = sdpa_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), layout.lengths,
                                layout.lengths, activation=self.activation, causal=self.causal,
                                pos_weight=self.pos_weight, time_weight=self.time_weight if ts is not None else None,
-                               q_ts=pts, kv_ts=pts, block_size=self.block_size, window=self.window)
+                               q_ts=pts, kv_ts=pts, block_size=self.block_size, window=self.window,
+                               same_lengths=True)
         return self.out(y.reshape(x.shape[0], -1))
 
     def flops(self, offsets: torch.Tensor, total: int) -> dict[str, int]:

@@ -69,11 +69,13 @@ def sdpa_attention(
     kv_ts: torch.Tensor | None = None,
     block_size: int | None = None,
     window: int | None = None,
+    same_lengths: bool = False,
 ) -> torch.Tensor:
     """Padded attention: ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, lengths ``[B]`` -> ``[B, Lq, H, D]``.
 
     Positions, masks and bias follow ``kernels.attention_spec``. Padded queries and queries that see no
     key output zeros. ``q_ts [B, Lq]`` / ``kv_ts [B, Lk]``: timestamps (with ``time_weight``).
+    ``same_lengths``: ``q_lens == kv_lens`` (self-attention), so the position bias is one table for all rows.
     """
     b, lq, h, d = q.shape
     lk = k.shape[1]
@@ -91,7 +93,11 @@ def sdpa_attention(
     mask = mask | (~seen & (k_pos == 0))
     bias = None
     if pos_weight is not None:
-        bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, Lk]
+        if same_lengths:  # self-attention: q_pos - k_pos = i - j in every row, one [H, Lq, Lk] table
+            rel = torch.arange(lq, device=dev)[:, None] - torch.arange(lk, device=dev)[None, :]
+            bias = pos_weight[pos_bucket(rel, pos_weight.shape[0])].permute(2, 0, 1)[None]  # [1, H, Lq, Lk]
+        else:
+            bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, Lk]
     if time_weight is not None:
         assert q_ts is not None and kv_ts is not None
         tb = time_bucket(q_ts[:, :, None] - kv_ts[:, None, :], time_weight.shape[0])
@@ -102,7 +108,7 @@ def sdpa_attention(
         if bias is None:
             attn_mask = mask[:, None]
         else:
-            attn_mask = bias.to(q.dtype).masked_fill(~mask[:, None], float("-inf"))
+            attn_mask = torch.where(mask[:, None], bias.to(q.dtype), float("-inf"))
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
     else:
         s = torch.matmul(qh, kh.transpose(-1, -2)) * scale

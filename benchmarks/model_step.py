@@ -8,6 +8,10 @@ with the PyTorch reference attention, and against the padded model (SDPA), all i
 
     python benchmarks/model_step.py                # gem_medium shape on CUDA, bf16 autocast
     python benchmarks/model_step.py --tiny         # a seconds-long CPU run (CI keeps it from rotting)
+
+Every variant is a new Triton kernel key (activation, locality, bias), and the kernels autotune each
+key on first use, about a minute apiece on an H200: a device run that must fit a few minutes sets
+``GEMTRAIN_ATTN_AUTOTUNE=0`` (one configuration per kernel) or picks ``--variants``.
 """
 
 from __future__ import annotations

@@ -403,8 +403,13 @@ def _checkpoint_block(block: nn.Module) -> None:
 
 
 class ReplicatedGradSync:
-    """All-reduces (averages) gradients of replicated parameters after backward: DDP without buckets,
-    for the embedding tables when they are not sharded (`distributed.sparse: replicate`)."""
+    """Averages the gradients of replicated embedding tables over ranks after backward
+    (`distributed.sparse: replicate`, for machines without torchrec's sharded kernels).
+
+    A batch touches few rows of a large table, so only rows with a gradient on some rank travel:
+    each rank finds its non-zero rows, the row ids are all-gathered, and the union of rows is
+    all-reduced (a dense all-reduce of the whole table would move every row every step).
+    """
 
     def __init__(self, params: list[nn.Parameter], group=None):
         import torch.distributed as dist
@@ -412,21 +417,33 @@ class ReplicatedGradSync:
         self.params = params
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rows_sent = 0  # rows all-reduced in the last sync (for logs / benchmarks)
 
     def sync(self) -> None:
         import torch.distributed as dist
 
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
-        flat.div_(self.world)
-        i = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[i:i + n].view_as(g))
-            i += n
+        self.rows_sent = 0
+        for p in self.params:
+            g = p.grad
+            if g is None:  # every rank must still take part: use a zero gradient
+                g = p.grad = torch.zeros_like(p)
+            g2 = g.view(g.shape[0], -1)
+            rows = g2.ne(0).any(dim=1).nonzero().flatten()
+            n = torch.tensor([rows.numel()], device=g.device)
+            counts = [torch.zeros_like(n) for _ in range(self.world)]
+            dist.all_gather(counts, n, group=self.group)
+            sizes = [int(c) for c in counts]
+            padded = torch.full((max(sizes),), -1, dtype=rows.dtype, device=g.device)
+            padded[: rows.numel()] = rows
+            gathered = [torch.empty_like(padded) for _ in range(self.world)]
+            dist.all_gather(gathered, padded, group=self.group)
+            union = torch.unique(torch.cat([t[:k] for t, k in zip(gathered, sizes)]))
+            if union.numel() == 0:
+                continue
+            part = g2.index_select(0, union)
+            dist.all_reduce(part, group=self.group)
+            g2.index_copy_(0, union, part.div_(self.world))
+            self.rows_sent += int(union.numel())
 
 
 # ---- the entry point ---------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
 
 def check_sharded(info, variants=None) -> dict:
     """Loss, dense gradients and table updates of one step equal a single process on the global batch."""
-    variants = variants or {k: v for k, v in ALL_VARIANTS.items() if info.world_size == 2 or k != "table_wise"}
+    variants = variants or {k: v for k, v in ALL_VARIANTS.items()
+                            if info.world_size == 2 or k not in ("table_wise", "replicate_tables")}
     return _check_sharded(info, variants)
 
 
@@ -109,7 +110,12 @@ ALL_VARIANTS = {
                  "interest": "table_wise"},
     "column_wise": {"item": "column_wise", "category": "column_wise", "user": "column_wise",
                     "ad": "column_wise", "interest": "column_wise"},
+    "replicate_tables": {},
 }
+
+
+# the tables replicated (no torchrec sharding; what a GPU without fbgemm's CUDA kernels runs) and HSDP
+PCFG = {"replicate_tables": {"sparse": "replicate", "replicate": 2}}
 
 
 def _check_sharded(info, variants) -> dict:
@@ -130,11 +136,15 @@ def _check_sharded(info, variants) -> dict:
         ref_tables = {n: (p - SPARSE_LR * p.grad).detach() for n, p in ref.named_parameters()
                       if n.startswith(("embeddings.ec.", "embeddings.ebc."))}
         # sharded
-        pz = par.parallelize(model, schema, par.ParallelConfig(pipeline=False), info.device,
+        pz = par.parallelize(model, schema, par.ParallelConfig(**PCFG.get(name, {})), info.device,
                              sparse_optim={"name": "sgd", "lr": SPARSE_LR}, batch_size=ROWS_PER_RANK,
                              loss_tasks=tasks, log=lambda _m: None)
         loss, _ = pz.model(lb)
         loss.backward()
+        if pz.replicated_sync is not None:  # replicated tables: compare their averaged gradients
+            pz.replicated_sync.sync()
+            sd_tables = {n: (p - SPARSE_LR * p.grad).detach() for n, p in pz.model.named_parameters()
+                         if n.startswith(("embeddings.ec.", "embeddings.ebc."))}
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         mean_loss /= info.world_size
@@ -147,7 +157,7 @@ def _check_sharded(info, variants) -> dict:
                 missing.append(n)
                 continue
             grad_err = max(grad_err, float((full(p.grad) - ref_grads[n]).abs().max()))
-        sd = pz.model.state_dict()
+        sd = sd_tables if pz.replicated_sync is not None else pz.model.state_dict()
         out[name] = {
             "loss_ref": float(loss_ref), "loss": float(mean_loss), "dense_grad_max_err": grad_err,
             "dense_grads_compared": len(ref_grads) - len(missing), "missing": missing,
@@ -237,6 +247,21 @@ def check_moe_ep(info) -> dict:
             "state_dict_keys": sd_keys}
 
 
+def local_sums(osd: dict) -> dict[str, float]:
+    """Sum of this rank's shards of each table's fused optimizer state (not collective: ranks hold
+    different tables); the sums over ranks are the tables' totals."""
+    out = {}
+    for k, v in osd["state"].items():
+        if not k.startswith("sparse."):
+            continue
+        total = 0.0
+        for t in v.values():
+            shards = t.local_shards() if hasattr(t, "local_shards") else []
+            total += sum(float(sh.tensor.double().sum()) for sh in shards)
+        out[k] = total
+    return out
+
+
 def _train_steps(pz, opt, it, steps: int, rows: list[int]) -> list[float]:
     losses = []
     for _ in range(steps):
@@ -280,9 +305,12 @@ def check_ckpt_save(info) -> dict:
     losses = _train_steps(pz, opt, it, CKPT_STEPS, rows)
     lstate = loader.state_dict()
     sd = pz.model.state_dict()
-    path = dckpt.save(out_dir / "run", CKPT_STEPS, sd, opt.state_dict(), {"step": CKPT_STEPS, "loader": lstate},
-                      plan=pz.plan_dict)
-    return {"rows": rows, "losses": losses, "sums": dckpt.state_sums(sd), "path": str(path)}
+    osd = opt.state_dict()
+    path = dckpt.save(out_dir / "run", CKPT_STEPS, sd, osd, {"step": CKPT_STEPS, "loader": lstate},
+                      plan=pz.plan_dict, sparse_name="rowwise_adagrad")
+    # the tables' fused row-wise Adagrad state (momentum1, one value per row), summed per table
+    return {"rows": rows, "losses": losses, "sums": dckpt.state_sums(sd), "path": str(path),
+            "fused": local_sums(osd)}
 
 
 def check_ckpt_resume(info) -> dict:
@@ -296,10 +324,11 @@ def check_ckpt_resume(info) -> dict:
     opt.zero_grad(set_to_none=True)
     sd = pz.model.state_dict()
     osd = opt.state_dict()
-    state = dckpt.load(src, sd, osd)
+    state = dckpt.load(src, sd, osd, sparse_name="rowwise_adagrad")
     pz.model.load_state_dict(sd)
     opt.load_state_dict(osd)
     sums = dckpt.state_sums(pz.model.state_dict())
+    fused = local_sums(osd)
     loader = make_loader(schema, str(src.parents[2] / "data"), info.rank, info.world_size)
     loader.load_state_dict(state["loader"])
     rows: list[int] = []
@@ -310,7 +339,7 @@ def check_ckpt_resume(info) -> dict:
             losses += _train_steps(pz, opt, it, 1, rows)
         except StopIteration:
             break
-    return {"rows": rows, "losses": losses, "sums": sums, "step": state["step"]}
+    return {"rows": rows, "losses": losses, "sums": sums, "step": state["step"], "fused": fused}
 
 
 def check_dead_rank(info) -> dict:

@@ -26,13 +26,20 @@ def test_resume_at_one_process_from_two(two_ranks):
     opt.init_state()
     opt.zero_grad(set_to_none=True)
     sd, osd = model.state_dict(), opt.state_dict()
-    state = dckpt.load(out2 / "run", sd, osd)
+    state = dckpt.load(out2 / "run", sd, osd, sparse_name="rowwise_adagrad")
     model.load_state_dict(sd)
     opt.load_state_dict(osd)
     assert state["step"] == 3
     sums = dckpt.state_sums(model.state_dict())
     for k, v in saved["sums"].items():
         assert sums[k] == pytest.approx(v, rel=1e-9, abs=1e-9), k
+    # the tables' row-wise Adagrad state came back from the fused optimizer's (stored under `sum` too)
+    loaded = {k: float(v["sum"].double().sum()) for k, v in opt.state_dict()["state"].items()
+              if k.startswith("sparse.")}
+    saved_fused = {k: sum(res["ckpt_save"]["fused"].get(k, 0.0) for res in results2) for k in loaded}
+    assert set().union(*(res["ckpt_save"]["fused"] for res in results2)) == loaded.keys()
+    for k, v in saved_fused.items():
+        assert v > 0 and loaded[k] == pytest.approx(v, rel=1e-6), k
     # the dense Adam state came back too (step count 3 on every dense parameter)
     steps = {float(s["step"]) for k, s in opt.state_dict()["state"].items() if k.startswith("dense.")}
     assert steps == {3.0}

@@ -38,6 +38,13 @@ def test_resume_at_three_ranks_from_two(two_ranks, three_ranks):
         for k, v in saved["sums"].items():
             assert c["sums"][k] == pytest.approx(v, rel=1e-9, abs=1e-9), k
         assert all(loss == loss and loss < 50 for loss in c["losses"])
+    # the fused table optimizer state (row-wise Adagrad), resharded 2 -> 3, is what was saved
+    keys = set().union(*(res["ckpt_save"]["fused"] for res in results2))
+    assert len(keys) == 5  # every table
+    for k in keys:
+        before_sum = sum(res["ckpt_save"]["fused"].get(k, 0.0) for res in results2)
+        after_sum = sum(res["ckpt_resume"]["fused"].get(k, 0.0) for res in three_ranks)
+        assert before_sum > 0 and after_sum == pytest.approx(before_sum, rel=1e-6), k
     # the loader stream: every row of the epoch exactly once across the two runs
     assert len(before) == len(set(before)) == 24
     assert sorted(before + after) == list(range(72))

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -155,7 +157,13 @@ def init_distributed(cfg) -> torch.device:
     from model.parallelize import ParallelConfig
 
     pcfg = ParallelConfig.from_dict(getattr(cfg, "distributed", None))
-    return tdist.setup(cfg.train.device, pcfg.timeout_s).device
+    info = tdist.setup(cfg.train.device, pcfg.timeout_s)
+    if not info.is_main:  # one summary on stdout, from rank 0 (stderr stays: errors of every rank)
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # at the descriptor: also `print(file=<the old sys.stdout>)`
+        os.close(devnull)
+    return info.device
 
 
 def fit_distributed(tr) -> dict:

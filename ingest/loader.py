@@ -266,7 +266,7 @@ class Loader:
         ref = self.files[unit.file]
         try:
             table = read_row_group(ref, self._metadata[unit.file], unit.row_group, self._columns,
-                                   self._policy, self.stats.retried)
+                                   self._policy, self.stats.retried, chunk_rows=self.config.batch_size)
         except BadFileError as e:
             if self.config.on_bad_file == "error":
                 raise

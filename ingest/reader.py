@@ -65,16 +65,15 @@ def with_retries(fn: Callable[[], T], policy: RetryPolicy, on_retry: Callable[[B
 
 
 def _open(ref: FileRef, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
-    """Local files through Arrow's native reader (no Python in the read path, GIL released);
-    others through fsspec without its read-ahead cache, since pre-buffering already coalesces the
-    column chunk ranges of a row group into few large reads."""
+    """Local files through Arrow's native reader (no Python in the read path, GIL released, no
+    pre-buffering: reads are cheap); others through fsspec without its read-ahead cache, with
+    pre-buffering, which coalesces the column chunk ranges of a row group into few large reads."""
     if isinstance(ref.fs, LocalFileSystem):
-        source = ref.path
-    else:
-        try:
-            source = ref.fs.open(ref.path, "rb", cache_type="none")
-        except TypeError:  # a filesystem whose files take no cache options
-            source = ref.fs.open(ref.path, "rb")
+        return pq.ParquetFile(ref.path, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
+    try:
+        source = ref.fs.open(ref.path, "rb", cache_type="none")
+    except TypeError:  # a filesystem whose files take no cache options
+        source = ref.fs.open(ref.path, "rb")
     return pq.ParquetFile(source, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
 
 
@@ -121,12 +120,22 @@ def read_footers(refs: list[FileRef], expected: pa.Schema, policy: RetryPolicy, 
 
 
 def read_row_group(ref: FileRef, metadata: pq.FileMetaData, row_group: int, columns: list[str],
-                   policy: RetryPolicy, on_retry: Callable[[BaseException], None] | None = None) -> pa.Table:
-    """One row group (projected to `columns`); raises BadFileError when it cannot be read."""
+                   policy: RetryPolicy, on_retry: Callable[[BaseException], None] | None = None,
+                   chunk_rows: int = 1024) -> pa.Table:
+    """One row group (projected to `columns`), as chunks of at most `chunk_rows` rows.
+
+    Decoding in chunks keeps the decode buffers small enough for the allocator to reuse them
+    (one big buffer per row group costs fresh pages, i.e. page faults, every time).
+    Raises BadFileError when the row group cannot be read.
+    """
     def load() -> pa.Table:
         pf = _open(ref, metadata)
         try:
-            return pf.read_row_group(row_group, columns=columns, use_threads=False)
+            batches = list(pf.iter_batches(batch_size=chunk_rows, row_groups=[row_group], columns=columns,
+                                           use_threads=False))
+            if not batches:
+                return pf.schema_arrow.empty_table().select(columns)
+            return pa.Table.from_batches(batches)
         finally:
             pf.close(force=True)
 

@@ -400,6 +400,7 @@ def _checkpoint_block(block: nn.Module) -> None:
         return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
 
     block.forward = forward
+    block.activation_checkpointed = True
 
 
 class ReplicatedGradSync:
@@ -486,6 +487,9 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
     """
     import torch.distributed as dist
 
+    if cfg.sharding_group_size and device.type != "cuda":
+        raise ParallelConfigError("distributed.sharding_group_size (2D sparse parallelism) needs CUDA: torchrec's "
+                                  f"DMPCollection runs on GPUs only (device here: {device.type}); set it to 0")
     if not dist.is_initialized():
         raise ParallelConfigError("parallelize: no process group; call train.distributed.setup() first")
     ws = dist.get_world_size()

@@ -99,7 +99,7 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
 def check_sharded(info, variants=None) -> dict:
     """Loss, dense gradients and table updates of one step equal a single process on the global batch."""
     variants = variants or {k: v for k, v in ALL_VARIANTS.items()
-                            if info.world_size == 2 or k not in ("table_wise", "replicate_tables")}
+                            if info.world_size == 2 or k in ("row_wise", "column_wise")}
     return _check_sharded(info, variants)
 
 
@@ -111,11 +111,13 @@ ALL_VARIANTS = {
     "column_wise": {"item": "column_wise", "category": "column_wise", "user": "column_wise",
                     "ad": "column_wise", "interest": "column_wise"},
     "replicate_tables": {},
+    "activation_checkpointing": {"item": "row_wise", "category": "row_wise"},
 }
 
 
 # the tables replicated (no torchrec sharding; what a GPU without fbgemm's CUDA kernels runs) and HSDP
-PCFG = {"replicate_tables": {"sparse": "replicate", "replicate": 2}}
+PCFG = {"replicate_tables": {"sparse": "replicate", "replicate": 2},
+        "activation_checkpointing": {"activation_checkpointing": True}}
 
 
 def _check_sharded(info, variants) -> dict:
@@ -165,6 +167,8 @@ def _check_sharded(info, variants) -> dict:
             "table_update_max": max(float((SPARSE_LR * p.grad).abs().max()) for n, p in ref.named_parameters()
                                     if n.startswith(("embeddings.ec.", "embeddings.ebc."))),
             "plan": pz.plan_dict, "notes": [n.__dict__ for n in pz.notes], "fsdp_units": pz.fsdp_units,
+            "checkpointed_blocks": sum(bool(getattr(m, "activation_checkpointed", False))
+                                       for m in pz.train_module.modules()),
             "seconds": time.perf_counter() - t0,
         }
     return out

@@ -105,3 +105,15 @@ def test_cpu_sharding_fallback_is_reported(demo_schema):
         table_constraints(demo_schema, "cpu", strict=True)
     cons, notes = table_constraints(demo_schema, "cuda")
     assert not notes and cons["user"].sharding_types == ["row_wise"]
+
+
+def test_2d_sparse_parallelism_asks_for_cuda(demo_schema):
+    import torch
+
+    from model import build_model
+    from model.parallelize import ParallelConfig, ParallelConfigError, parallelize
+
+    model = build_model(demo_schema, {"d_model": 8, "num_heads": 2, "top_dim": 8, "head_hidden": 4,
+                                      "sequence_encoder": {"num_layers": 1}}, device="meta")
+    with pytest.raises(ParallelConfigError, match="DMPCollection runs on GPUs only"):
+        parallelize(model, demo_schema, ParallelConfig(sharding_group_size=2), torch.device("cpu"))

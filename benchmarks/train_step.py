@@ -17,6 +17,7 @@ and compute overlap as in training) and a breakdown pass (CUDA events between ph
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         useful: dict[str, float] = {}
         for name in sorted(args.variants.split(","), key=lambda n: not n.startswith("jagged")):
             results.append(run_variant(name, schema, merged(base, VARIANTS[name]), url, args, device, useful))
+            gc.collect()  # free this variant's model and optimizer before the next one
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             print(f"# {name}: " + json.dumps(results[-1]), flush=True)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\n## train step: {schema.name}, batch {args.batch_size}, {args.steps} steps, {dev_name}, "

@@ -137,6 +137,7 @@ class _StatefulIter:
         self.index = start_index
         self.states: dict[int, Any] = {}
         self.taken: collections.deque = collections.deque()  # (events, padding stats) of batches read ahead
+        self.transform = None  # the run ledger's batch hook (train/ledger.py)
 
     def __iter__(self):
         return self
@@ -145,6 +146,8 @@ class _StatefulIter:
         from train.data import real_events
 
         b = next(self.it)
+        if self.transform is not None:
+            b = self.transform(b)
         self.index += 1  # batches taken so far
         self.taken.append((real_events(b), b.stats))
         if self.want(self.index):
@@ -170,6 +173,7 @@ def fit_distributed(tr) -> dict:
     from model.parallelize import ParallelConfig, parallelize
     from train import checkpoint as ckpt
     from train import dist_checkpoint as dckpt
+    from train import ledger
     from train.data import ensure_synthetic
     from train.trainer import TrainingStopped, lr_factor
 
@@ -228,6 +232,7 @@ def fit_distributed(tr) -> dict:
         return s == total or (every > 0 and s % every == 0)
 
     data = _StatefulIter(loader, info.device, want_state)
+    data.transform = ledger.attach(tr, loader)  # rows.rank<r>.jsonl and ledger.rank<r>.json (train/ledger.py)
     pipeline = None
     if pcfg.pipeline and pz.plan is not None:
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -273,6 +278,7 @@ def fit_distributed(tr) -> dict:
                 raise TrainingStopped(f"training stopped at step {tr.step + 1}: {tr.skipped} non-finite steps "
                                       f"(train.nan_guard_max={c.train.nan_guard_max})")
         tr.step += 1
+        ledger.after_step(tr)
         n = int(out.logits.shape[0])
         tr.examples_seen += n
         ev, stats = data.taken.popleft()

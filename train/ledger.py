@@ -70,8 +70,12 @@ class _Tagged:
 
 class RunLedger:
     def __init__(self, run_dir: Path, loader: Any, step: int, resumed: bool, checkpoint_steps: Callable[[int], bool],
-                 keep_snapshots: int):
+                 keep_snapshots: int, rank: int | None = None):
         self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_path = self.run_dir / _name(ROWS_FILE, rank)
+        self.ledger_path = self.run_dir / _name(LEDGER_FILE, rank)
+        self.rank = rank
         self.loader = loader
         self.checkpoint_steps = checkpoint_steps
         self.keep_snapshots = max(2, keep_snapshots + 1)
@@ -85,7 +89,7 @@ class RunLedger:
         self.epochs: dict[int, EpochRecord] = {}
         self.snapshots: dict[str, dict] = {}
         self.step = step
-        old = read_ledger(self.run_dir) if resumed else None
+        old = read_ledger(self.run_dir, rank) if resumed else None
         if old is not None:
             self.restarts = list(old.get("restarts", []))
             snap = old.get("snapshots", {}).get(str(step))
@@ -134,7 +138,7 @@ class RunLedger:
             rec.steps_skipped += skipped_now
         self._skipped_before = skipped_total
         self.step = step
-        with open(self.run_dir / ROWS_FILE, "a") as f:
+        with open(self.rows_path, "a") as f:
             f.write(json.dumps({"step": step, "epoch": t.epoch, "rows": t.rows}, separators=(",", ":")) + "\n")
         if self.checkpoint_steps(step):
             self._snapshot()
@@ -177,7 +181,7 @@ class RunLedger:
         return new, dropped, repeated
 
     def _truncate_rows(self, step: int) -> None:
-        path = self.run_dir / ROWS_FILE
+        path = self.rows_path
         if step == 0 or not path.exists():
             path.write_text("")
             return
@@ -196,12 +200,12 @@ class RunLedger:
             del self.snapshots[k]
 
     def to_dict(self) -> dict:
-        return {"run_dir": str(self.run_dir), "step": self.step, "restarts": self.restarts,
+        return {"run_dir": str(self.run_dir), "rank": self.rank, "step": self.step, "restarts": self.restarts,
                 "file_quarantine": self._file_level,
                 "epochs": [asdict(self.epochs[e]) for e in sorted(self.epochs)], "snapshots": self.snapshots}
 
     def _write(self) -> None:
-        path = self.run_dir / LEDGER_FILE
+        path = self.ledger_path
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
         os.replace(tmp, path)  # a crash leaves the old or the new ledger, never half of one
@@ -223,7 +227,13 @@ def attach(trainer: Any, loader: Any) -> Callable[[Any], Any]:
     def checkpoint_step(s: int) -> bool:
         return (every > 0 and s % every == 0) or (s == total and c.checkpoint.at_end)
 
-    ledger = RunLedger(trainer.run_dir, loader, trainer.step, trainer.resume, checkpoint_step, c.checkpoint.keep_last)
+    rank = None  # one process: rows.jsonl / ledger.json; several: one pair per rank (rows.rank1.jsonl, ...)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        rank = dist.get_rank()
+    ledger = RunLedger(trainer.run_dir, loader, trainer.step, trainer.resume, checkpoint_step, c.checkpoint.keep_last,
+                       rank)
     ledger._skipped_before = trainer.skipped
     trainer._ledger = ledger
     return ledger.tag
@@ -239,8 +249,23 @@ def after_step(trainer: Any) -> None:
 # ---- reading -----------------------------------------------------------------------------------------
 
 
-def read_ledger(run_dir: str | Path) -> dict | None:
-    path = Path(run_dir) / LEDGER_FILE
+def _name(base: str, rank: int | None) -> str:
+    if rank is None:
+        return base
+    stem, ext = base.split(".", 1)
+    return f"{stem}.rank{rank}.{ext}"
+
+
+def ranks_of(run_dir: str | Path) -> list[int | None]:
+    """[None] for a one-process run; the ranks with a ledger for a distributed one."""
+    d = Path(run_dir)
+    if (d / LEDGER_FILE).exists():
+        return [None]
+    return sorted(int(p.name.split(".")[1][len("rank"):]) for p in d.glob("ledger.rank*.json"))
+
+
+def read_ledger(run_dir: str | Path, rank: int | None = None) -> dict | None:
+    path = Path(run_dir) / _name(LEDGER_FILE, rank)
     if not path.exists():
         return None
     try:
@@ -250,9 +275,9 @@ def read_ledger(run_dir: str | Path) -> dict | None:
                             "of the run") from None
 
 
-def read_rows(run_dir: str | Path) -> list[list[int]]:
+def read_rows(run_dir: str | Path, rank: int | None = None) -> list[list[int]]:
     """The row ids of each step, in step order (what `rows.jsonl` records)."""
-    path = Path(run_dir) / ROWS_FILE
+    path = Path(run_dir) / _name(ROWS_FILE, rank)
     out: list[tuple[int, list[int]]] = []
     for ln in path.read_text().splitlines():
         try:
@@ -265,7 +290,8 @@ def read_rows(run_dir: str | Path) -> list[list[int]]:
 
 def format_ledger(d: dict) -> str:
     """The ledger as a small table (what `gemtrain runs show` prints)."""
-    lines = [f"run {d.get('run_dir')}: {d.get('step', 0)} steps, {len(d.get('restarts', []))} restarts"]
+    who = f" rank {d['rank']}" if d.get("rank") is not None else ""
+    lines = [f"run {d.get('run_dir')}{who}: {d.get('step', 0)} steps, {len(d.get('restarts', []))} restarts"]
     for r in d.get("restarts", []):
         lines.append(f"  restart: resumed at step {r['resumed_at_step']} (the previous attempt reached step "
                      f"{r.get('last_step_before')})")

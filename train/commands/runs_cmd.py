@@ -16,15 +16,17 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from features.errors import GemtrainError
-    from train.ledger import LEDGER_FILE, format_ledger, read_ledger
+    from train.ledger import LEDGER_FILE, format_ledger, ranks_of, read_ledger
 
-    d = read_ledger(args.run_dir)
-    if d is None:
+    ranks = ranks_of(args.run_dir)
+    if not ranks:
         raise GemtrainError(f"{args.run_dir}: no {LEDGER_FILE} here (give the run dir of a `gemtrain train` run)")
+    ledgers = [read_ledger(args.run_dir, r) for r in ranks]  # one per rank of a distributed run
     if args.json:
-        print(json.dumps({k: v for k, v in d.items() if k != "snapshots"}, indent=1))
+        out = [{k: v for k, v in d.items() if k != "snapshots"} for d in ledgers if d is not None]
+        print(json.dumps(out[0] if ranks == [None] else out, indent=1))
     else:
-        print(format_ledger(d))
+        print("\n".join(format_ledger(d) for d in ledgers if d is not None))
     return 0
 
 

@@ -7,22 +7,32 @@
   column_wise, grid, data_parallel). The plan is printed and returned (it is saved with checkpoints).
   `sharding_group_size` switches to 2D sparse parallelism (`DMPCollection`: shard inside groups of
   that size, replicate across groups). The tables train with torchrec's fused (in-backward) optimizer.
-- **Dense**: FSDP2 `fully_shard` on each encoder / interaction / top block (modules declaring a
-  `precision_kind` of attention, mlp or interaction) and on every other part that holds no table,
-  over a 1D mesh or a 2D ("replicate", "shard") mesh (HSDP); `MixedPrecisionPolicy` bf16 params and
-  compute with fp32 gradient reduction on GPU; optional activation checkpointing per block.
-- **Experts**: `ExpertParallelMoE` (model/expert_parallel.py) swaps each `MoE` for one that keeps
-  num_experts / ep of the experts and moves tokens by all-to-all.
+- **Dense**: FSDP2 `fully_shard` on each dense block (the top-most modules declaring a
+  `precision_kind` of attention, mlp or interaction) and then on the root for the remaining
+  parameters (norms, heads, input projections; the tables are left out), over a 1D mesh or a 2D
+  ("replicate", "shard") mesh (HSDP); `MixedPrecisionPolicy` bf16 params and compute with fp32
+  gradient reduction on GPU for the blocks; optional activation checkpointing per block.
+  `dense: ddp` replicates instead (FSDP2 over a world x 1 mesh).
+- **Tables replicated** (`sparse: replicate`, for GPUs without fbgemm's CUDA kernels): no DMP; the
+  tables' gradients are all-reduced row-sparsely after backward (`ReplicatedGradSync`).
+- **Experts**: `ExpertParallelMoE` (below) swaps each `MoE` for one that keeps num_experts / ep of
+  the experts and moves tokens by all-to-all. Every MoE of a multi-rank run is swapped (also at
+  ep = 1), so its load-balance loss uses the routing statistics of the global batch.
+- **Loss**: `make_loss_fn` normalises each task by its global (all-reduced) denominator, so the mean
+  of the ranks' losses is exactly the single-process loss of the global batch, masked tasks included.
 - **Traceable root**: the model's forward is not fx-traceable (it iterates over lookups), which
   torchrec's `TrainPipelineSparseDist` needs up to the sharded modules. `TrainModule` has the
   model's children under the same names (so state-dict keys are unchanged) and a forward that calls
   the sharded EC/EBC on `batch.sparse` and then the rest of the model as one opaque (leaf) module.
 
-Sharding types that torchrec's CPU kernels support (fbgemm-gpu-cpu 1.8): EmbeddingCollection
+Sharding types that torchrec's CPU kernels support (torchrec 1.8, fbgemm-gpu-cpu 1.8): EmbeddingCollection
 table_wise / row_wise / column_wise (fused) and data_parallel (dense); EmbeddingBagCollection
-table_wise / column_wise / table_column_wise (fused) and data_parallel. On CPU a table asking for
-row_wise or grid on the EmbeddingBagCollection falls back (table_wise / column_wise), said in the plan;
-`strict_sharding: true` makes that an error instead.
+table_wise / column_wise / table_column_wise (fused) and data_parallel; no row_wise, table_row_wise or
+grid for an EmbeddingBagCollection and no grid at all. data_parallel on CPU failed in a 2-rank trial
+(the dense kernel's batch split), so on CPU it is not used either. A table asking for a type the
+device lacks falls back (row_wise -> table_wise, grid -> table_column_wise / column_wise,
+data_parallel -> table_wise), said in the plan; `strict_sharding: true` makes that an error instead.
+2D sparse parallelism (`DMPCollection`) runs on CUDA only in torchrec 1.8.
 """
 
 from __future__ import annotations
@@ -265,26 +275,25 @@ def table_constraints(schema: FeatureSchema, device_type: str, strict: bool = Fa
         kind = kind_of[t.name]
         ok = [s for s in supported[kind] if s != "data_parallel" or device_type != "cpu"]
         if t.sharding is None:
-            # The planner picks; on CPU keep it off data_parallel (the dense CPU kernel's batch split
-            # does not handle uneven per-rank batches).
+            # the planner picks; on CPU not data_parallel (a 2-rank trial failed in its batch split)
             constraints[t.name] = ParameterConstraints(sharding_types=ok)
             continue
         asked = SCHEMA_TO_TORCHREC[t.sharding]
-        used = asked if asked in supported[kind] else None
+        used = asked if asked in ok else None
         if used is None:
             if strict:
                 raise ParallelConfigError(
                     f"schema {schema.source}: table {t.name}: sharding {t.sharding} is not supported by "
                     f"torchrec's {device_type} kernels for an {'EmbeddingCollection' if kind == 'ec' else 'EmbeddingBagCollection'}"
-                    f" (supported: {', '.join(supported[kind])}); change the table's sharding or set "
+                    f" (supported: {', '.join(ok)}); change the table's sharding or set "
                     "distributed.strict_sharding: false to fall back")
-            used = next((f for f in FALLBACK[asked] if f in supported[kind]), None)
+            used = next((f for f in FALLBACK[asked] if f in ok), None)
             if used is None:
                 raise ParallelConfigError(f"table {t.name}: no sharding type close to {t.sharding} on {device_type}")
             notes.append(PlanNote(t.name, asked, used, f"{device_type} kernels lack {asked} for {kind}"))
         extra = {}
         if used in ("column_wise", "table_column_wise"):
-            # shards of at least 4 columns, at most one per rank: column-wise really splits small tables
+            # column shards of max(4, dim / 8) columns: small tables really split over the ranks
             extra["min_partition"] = max(4, t.dim // 8)
         constraints[t.name] = ParameterConstraints(sharding_types=[used], **extra)
     return constraints, notes

@@ -200,7 +200,8 @@ class RunLedger:
             del self.snapshots[k]
 
     def to_dict(self) -> dict:
-        return {"run_dir": str(self.run_dir), "rank": self.rank, "step": self.step, "restarts": self.restarts,
+        return {"run_dir": str(self.run_dir), "rank": self.rank, "pid": os.getpid(), "step": self.step,
+                "restarts": self.restarts,
                 "file_quarantine": self._file_level,
                 "epochs": [asdict(self.epochs[e]) for e in sorted(self.epochs)], "snapshots": self.snapshots}
 

@@ -148,20 +148,26 @@ tl_{s.name} AS (
   UNION ALL
   SELECT _u, _t, _ord, 0 AS _is_ev, NULL AS _e FROM imp
 ),
-cnt_{s.name} AS (
+cnt_{s.name} AS MATERIALIZED (  -- used three times below: computed once
   SELECT *, sum(_is_ev) OVER (PARTITION BY _u ORDER BY _t, _is_ev, _ord
                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _c
   FROM tl_{s.name}
 ),
-h_{s.name} AS (
-  SELECT _ord,
-         coalesce(list(_e) FILTER (WHERE _is_ev = 1) OVER (
-                    PARTITION BY _u ORDER BY _c RANGE BETWEEN {s.max_length - 1} PRECEDING AND CURRENT ROW),
-                  []::{stype}) AS _h,
-         _is_ev
-  FROM cnt_{s.name}
+ev_{s.name} AS (  -- events by (user, bucket of max_length consecutive indices)
+  SELECT _u, _c AS _k, _c // {s.max_length} AS _b, _e FROM cnt_{s.name} WHERE _is_ev = 1
+),
+want_{s.name} AS (  -- an impression's window (c - max_length, c] spans its bucket and the one before
+  SELECT _u, _ord, _c, _c // {s.max_length} AS _b FROM cnt_{s.name} WHERE _is_ev = 0
+  UNION ALL
+  SELECT _u, _ord, _c, _c // {s.max_length} - 1 AS _b FROM cnt_{s.name} WHERE _is_ev = 0
+),
+h_{s.name} AS (  -- equi-join on (user, bucket): at most 2 x max_length candidates per impression
+  SELECT w._ord, list(e._e ORDER BY e._k) AS _h
+  FROM want_{s.name} w JOIN ev_{s.name} e ON e._u = w._u AND e._b = w._b
+  WHERE e._k > w._c - {s.max_length} AND e._k <= w._c
+  GROUP BY w._ord
 )""")
-        hist_cols.append((s.name, f"h_{s.name}"))
+        hist_cols.append((s.name, f"h_{s.name}", stype))
     feat_sel = []
     for f in schema.features:
         feat_sel.append(f"{_q(need[f.name])} AS {_q(f.name)}")
@@ -185,7 +191,8 @@ h_{s.name} AS (
         else:
             meta_sel.append(f"CAST(NULL AS {_META_DUCK[schema.metadata[name]]}) AS {_q(name)}")
     imp_cols = ", ".join(["_u", "_t", "_ord"] + feat_sel + meta_sel)
-    out_cols = [f"{h}._h AS {_q(name)}" for name, h in hist_cols]
+    # An impression with no earlier event has no row in h_: its history is the empty list.
+    out_cols = [f"coalesce({h}._h, []::{stype}) AS {_q(name)}" for name, h, stype in hist_cols]
     out_cols += [f"imp.{_q(f.name)}" for f in schema.features]
     out_cols += [f"imp.{_q(label.name)}" for label in schema.labels]
     out_cols += [f"imp.{_q(label.weight)}" for label in schema.labels if label.weight]
@@ -195,7 +202,7 @@ h_{s.name} AS (
         else:
             out_cols.append(f"imp.{_q(name)}")
     split = "FALSE" if split_time is None else f"imp._t >= {int(split_time)}"
-    joins = " ".join(f"JOIN {h} ON {h}._ord = imp._ord AND {h}._is_ev = 0" for _, h in hist_cols)
+    joins = " ".join(f"LEFT JOIN {h} ON {h}._ord = imp._ord" for _, h, _ in hist_cols)
     # MATERIALIZED: src is read twice (impressions, events); both must see the same _ord numbering.
     with_src = f"""WITH src AS MATERIALIZED (
   SELECT *, {_q(user)} AS _u, {t_expr} AS _t, row_number() OVER () AS _ord FROM {source}

@@ -1,0 +1,176 @@
+"""Triton forward of FP8 jagged attention: QK^T and PV on e4m3 tensor cores with power-of-two block scales.
+
+Same structure, masks and bias as ``kernels.attention_triton_fwd``; the differences:
+
+* Q, K, V arrive as e4m3 with one fp32 power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head)
+  (``kernels.attention_fp8.quantize_jagged``). Blocks start at each jagged row's first token. Q and K
+  scales are applied per token to the fp32 score tile (they sit on the non-reduced dims of QK^T); the
+  V scale is one scalar per KV tile, so the KV loop starts at a multiple of ``BLOCK_N`` inside the row
+  and ``BLOCK_N`` divides ``QUANT_BLOCK`` (the extra keys before the visible range are masked).
+* softmax: P = exp2(s - m) is in [0, 1]; it is stored as e4m3 of ``P * P_SCALE`` (a fixed power of two,
+  FA3's FP8 recipe) and the output is divided by ``P_SCALE`` at the end. The row sum ``l`` adds the
+  unquantized fp32 P.
+* silu/gelu: act(s) is unbounded, so each tile's P gets one power-of-two scale per query row
+  (non-saturating, ``kernels.mx`` rule), which factors out of the PV product.
+
+Accumulation is fp32. Under ``TRITON_INTERPRET=1`` the P conversion uses the exact integer RNE encoder
+of ``kernels.mx_triton`` (the interpreter's float->fp8 cast is not round-to-nearest-even); on GPU it
+is the hardware conversion (also RNE).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_triton_common import (
+    AUTOTUNE,
+    INTERPRET,
+    LOG2E,
+    act_fwd,
+    kv_range,
+    pos_bucket,
+    smem_prune,
+    time_bucket,
+    visible,
+)
+from kernels.mx_triton import _encode_e4m3, _scale_from_amax
+
+P_SCALE = 256.0  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
+
+
+def _configs() -> list[triton.Config]:
+    if INTERPRET:
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    configs = [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bn, w, s in ((128, 8, 3), (64, 4, 3), (64, 8, 3), (128, 4, 3), (128, 8, 2))
+    ]
+    return configs if AUTOTUNE else configs[:1]
+
+
+_smem = smem_prune("BLOCK_N", "BLOCK_M")
+
+
+def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+    """KV tiles must not straddle a V scale block (``BLOCK_N`` divides ``QUANT_BLOCK``)."""
+    qb = kwargs["QUANT_BLOCK"]
+    keep = [c for c in configs if qb % c.kwargs["BLOCK_N"] == 0]
+    return _smem(keep or [triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2)], nargs, **kwargs)
+
+
+@triton.jit
+def _to_e4m3(y, EXACT: tl.constexpr):
+    """fp32 tile (|y| <= 448) -> e4m3, round to nearest even."""
+    if EXACT:
+        return _encode_e4m3(y).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        return y.to(tl.float8e4nv)
+
+
+@triton.autotune(configs=_configs(),
+                 key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "QUANT_BLOCK"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def jagged_attn_fp8_fwd_kernel(
+    Q, K, V, SQ, SK, SV, QBO, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    scale, norm_const, window, LEN_KEY,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, QUANT_BLOCK: tl.constexpr, EXACT_CVT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
+    row = tl.load(WORK + 2 * item)
+    if row < 0:
+        return
+    mblk = tl.load(WORK + 2 * item + 1)
+    q_start = tl.load(QO + row).to(tl.int64)
+    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(KO + row).to(tl.int64)
+    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    qb0 = tl.load(QBO + row).to(tl.int64)  # first scale block of this row
+    kb0 = tl.load(KBO + row).to(tl.int64)
+    hist_end = kv_len
+    if HAS_NT:
+        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    shift = kv_len - q_len
+    pos_q = shift + offs_m
+    stride_t: tl.constexpr = H * HEAD_DIM
+
+    q_ptrs = Q + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    sq = tl.load(SQ + (qb0 + offs_m // QUANT_BLOCK) * H + h, mask=m_ok, other=0.0)
+    if HAS_TIME:
+        ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+
+    last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
+    lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
+    lo = (lo // BLOCK_N) * BLOCK_N  # tiles aligned inside the row: one V scale per tile
+
+    if ACT == 0:
+        qk_scale = scale * LOG2E  # softmax runs in base 2
+        bias_scale = LOG2E
+    else:
+        qk_scale = scale
+        bias_scale = 1.0
+    sq = sq * qk_scale
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        sk = tl.load(SK + (kb0 + offs_n // QUANT_BLOCK) * H + h, mask=n_ok, other=0.0)
+        sv = tl.load(SV + (kb0 + start_n // QUANT_BLOCK) * H + h)
+        s = tl.dot(q, tl.trans(k)) * sq[:, None] * sk[None, :]
+        if HAS_POS:
+            s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
+        if HAS_TIME:
+            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+            s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        if ACT == 0:
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+            p8 = _to_e4m3(p * P_SCALE, EXACT_CVT)
+            acc += tl.dot(p8, v) * sv
+        else:
+            p = tl.where(ok, act_fwd(s, ACT), 0.0)
+            amax = tl.max(p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+            inv, sp, _ = _scale_from_amax(amax, False)
+            y = p * inv.to(tl.float32, bitcast=True)[:, None]
+            p8 = _to_e4m3(tl.minimum(tl.maximum(y, -448.0), 448.0), EXACT_CVT)
+            acc += tl.dot(p8, v) * (sp.to(tl.float32, bitcast=True) * sv)[:, None]
+
+    if ACT == 0:
+        has = l_i > 0.0
+        out = acc / (tl.where(has, l_i, 1.0) * P_SCALE)[:, None]
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
+        tl.store(LSE + (q_start + offs_m) * H + h, lse, mask=m_ok)
+    else:
+        if NORM_ROW:
+            out = acc / tl.maximum(kv_len, 1).to(tl.float32)
+        else:
+            out = acc / norm_const
+    o_ptrs = OUT + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -122,6 +122,7 @@ class GEMEmbeddings(nn.Module):
         self.ebc = EmbeddingBagCollection(tables=ebc_cfgs, device=dev) if ebc_cfgs else None
         self.unpooled = unpooled_keys(schema)
         self.pooled = pooled_keys(schema)
+        self.ec_single = {f.name for f in schema.id_features if f.name in self.unpooled}  # one id per row
         for mod in (self.ec, self.ebc):
             if mod is not None:
                 mod.precision_kind = "embedding"
@@ -154,15 +155,21 @@ class GEMEmbeddings(nn.Module):
                                    "least one (an id, a float or a float_vector) to attend from")
 
     def lookup(self, sparse: KeyedJaggedTensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(unpooled values per key ``[Σn, dim]``, pooled values per key ``[B, dim]``)."""
+        """(unpooled values per key ``[Σn, dim]``, pooled values per key ``[B, dim]``).
+
+        A non-sequential ``id`` on an EC table (the schema allows no ``id_list`` there) has exactly one id
+        per row, so its unpooled values are already ``[B, dim]``.
+        """
         unpooled: dict[str, torch.Tensor] = {}
         pooled: dict[str, torch.Tensor] = {}
         if self.ec is not None:
             for key, jt in self.ec(sparse).items():
-                unpooled[key] = jt.values()
+                if key in self.ec_single:
+                    pooled[key] = jt.values().view(jt.offsets().numel() - 1, -1)
+                else:
+                    unpooled[key] = jt.values()
         if self.ebc is not None:
-            kt = self.ebc(sparse)
-            pooled = kt.to_dict()
+            pooled.update(self.ebc(sparse).to_dict())
         return unpooled, pooled
 
     def forward(self, batch) -> tuple[list[History], torch.Tensor]:
@@ -176,12 +183,9 @@ class GEMEmbeddings(nn.Module):
             tokens = self.sequences[seq.name](unpooled, floats, offsets, ts)
             histories.append(History(tokens=tokens, offsets=offsets, timestamps=ts, max_length=seq.max_length))
 
-        b = batch.dense.shape[0]
         toks = []
         for name, proj in self.id_proj.items():
-            # a non-sequential `id` on a sequence table has exactly one id per row: [B, dim]
-            e = pooled[name] if name in pooled else unpooled[name].view(b, -1)
-            toks.append(proj(e))
+            toks.append(proj(pooled[name]))
         dense = batch.dense
         for name, proj in self.vector_proj.items():
             a, z = self.dense_slices[name]

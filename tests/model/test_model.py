@@ -109,3 +109,56 @@ def test_sequence_tables_of_different_dims_are_refused():
     tables = tuple(dataclasses.replace(t, dim=8) if t.name == "action" else t for t in schema.tables)
     with pytest.raises(ModelConfigError, match="must share one dim"):
         build_model(dataclasses.replace(schema, tables=tables), SMALL)
+
+
+TWO_SEQUENCES = """
+name: two_seq
+tables:
+  item: {num_embeddings: 300, dim: 8}
+  cat: {num_embeddings: 20, dim: 8}
+  topic: {num_embeddings: 30, dim: 4, pooling: mean}
+  query: {num_embeddings: 50, dim: 8}
+  user: {num_embeddings: 40, dim: 4}
+sequences:
+  clicks:
+    max_length: 10
+    fields:
+      item_id: {type: id, table: item}
+      item_cat: {type: id, table: cat}
+      dwell: {type: float}
+      ts: {type: timestamp}
+  searches:
+    max_length: 6
+    fields:
+      query_id: {type: id, table: query}
+features:
+  user_id: {type: id, table: user}
+  ad_cat: {type: id, table: cat}
+  liked_topics: {type: id_list, table: topic}
+  bid: {type: float}
+labels:
+  click: {}
+metadata:
+  row_id: int64
+"""
+
+
+def test_two_sequences():
+    # A second history without floats or timestamps; an `id` on the first history's table.
+    from features.schema import parse_schema
+
+    schema = parse_schema(TWO_SEQUENCES)
+    batch = synth_batch(schema, rows=6, seed=0)
+    torch.manual_seed(0)
+    model = build_model(schema, {**SMALL, "sequence_encoder": {"num_layers": 1, "bias": {"time": True}}})
+    assert set(model.encoders) == {"clicks", "searches"} and model.num_tokens == 4 + 2
+    assert model.embeddings.ec_single == {"ad_cat"}
+    out = model(batch)
+    assert out.logits.shape == (6, 1) and torch.isfinite(out.logits).all()
+    out.logits.sum().backward()
+    assert model.embeddings.ec.embeddings["query"].weight.grad.abs().sum() > 0
+    _, pooled = model.embeddings.lookup(batch.sparse)
+    ad_cat = batch.sparse.to_dict()["ad_cat"].values()
+    torch.testing.assert_close(pooled["ad_cat"], model.embeddings.ec.embeddings["cat"].weight[ad_cat])
+    flops = model.forward_flops(batch)
+    assert flops["encoder_attention_core"] > 0 and flops["total"] == sum(v for k, v in flops.items() if k != "total")

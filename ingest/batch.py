@@ -35,6 +35,7 @@ class SequenceStats:
     attn_pairs_padded_batch_max: int = 0  # B * max(L)^2
     attn_pairs_padded_schema_max: int = 0  # B * max_length^2
     truncated_events: int = 0  # events dropped by max_length (oldest first)
+    truncated_rows: int = 0  # rows that lost events to max_length
 
     def __iadd__(self, other: SequenceStats) -> SequenceStats:
         for f in fields(self):

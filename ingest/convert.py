@@ -77,6 +77,7 @@ class JaggedColumn:
     _start: int
     _stop: int
     _index: np.ndarray | None  # absolute child indices to gather, None = contiguous [_start, _stop)
+    truncated_rows: int = 0  # rows whose history was longer than max_length
 
     @staticmethod
     def of(arr: pa.Array, max_length: int | None = None) -> JaggedColumn:
@@ -104,7 +105,8 @@ class JaggedColumn:
             total = int(out[-1])
             # Row i keeps child[ends[i] - kept[i] : ends[i]]: shift a running arange per row.
             index = np.repeat(ends - kept - out[:-1], kept) + np.arange(total, dtype=np.int64)
-        return JaggedColumn(out, kept.astype(np.int64, copy=False), truncated, start, stop, index)
+        cut_rows = int((lengths > max_length).sum()) if truncated else 0
+        return JaggedColumn(out, kept.astype(np.int64, copy=False), truncated, start, stop, index, cut_rows)
 
     def take(self, child: pa.Array, fill=0) -> np.ndarray:
         if self._index is None:
@@ -165,6 +167,7 @@ class _Jagged:
             self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
             np.cumsum(self.lengths, out=self.offsets[1:])
         self.truncated = sum(c.truncated for c in self.cols)
+        self.truncated_rows = sum(c.truncated_rows for c in self.cols)
 
     def field(self, name: str | None, fill=0) -> np.ndarray:
         """Kept values of a struct field (`name`) or of the list's own values (`None`)."""
@@ -190,6 +193,7 @@ def _sequence(data, seq: SequenceSpec, schema: FeatureSchema):
     if seq.timestamp_field is not None:
         ts = _t(col.field(seq.timestamp_field.name))
     stats = SequenceStats.of_lengths(_t(col.lengths), seq.max_length, col.truncated)
+    stats.truncated_rows = col.truncated_rows
     return col, ids, seq_floats, ts, stats
 
 

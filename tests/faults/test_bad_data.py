@@ -109,6 +109,7 @@ def test_training_run_accounts_for_every_row_per_epoch(bad_dataset, tmp_path):
         assert "schema mismatch" in got["zz-drift.parquet"]["reason"] and "ad_bid" in got["zz-drift.parquet"]["reason"]
         # histories of 20 events cut to max_length, oldest first: 18 rows x 8 events; empty ones pass
         assert e["events_truncated"] == (LONG - LONG // 4) * (20 - MAX_LEN)
+        assert e["rows_truncated"] == LONG - LONG // 4
         assert e["dense_nonfinite_zeroed"] == 2
     # every readable row trained on exactly once per epoch
     rows = read_rows(run)

@@ -9,5 +9,5 @@ SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+$SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
 command -v chromium >/dev/null

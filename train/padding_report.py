@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from features.schema import FeatureSchema, SequenceSpec
-from ingest.batch import PaddingStats
+
+if TYPE_CHECKING:  # ingest.batch imports torch and torchrec: not needed to report on lengths
+    from ingest.batch import PaddingStats
 
 __all__ = [
     "PaddingReport",

@@ -214,10 +214,12 @@ def jagged_attention_fp8(
     bias: RelativeBias | None = None, block_size: int | None = None, window: int | None = None,
     max_q_len: int | None = None, max_kv_len: int | None = None, num_targets: Tensor | None = None,
     pointwise_norm: str | int = "row", impl: str | None = None, quant_block: int = DEFAULT_QUANT_BLOCK,
+    v_transposed: bool = True,
 ) -> Tensor:
     """``kernels.jagged_attention`` with QK^T and PV in FP8 (same arguments; ``quant_block`` 64 or 128).
 
     ``impl``: ``"auto"`` (Triton on CUDA, the emulating reference on CPU), ``"triton"`` or ``"ref"``.
+    ``v_transposed``: the Triton kernel reads V from a ``[H * D, tokens]`` e4m3 copy (same numbers).
     """
     from kernels.attention import _check
 
@@ -242,6 +244,7 @@ def jagged_attention_fp8(
         q, k, v, q_offsets, kv_offsets, activation=activation, causal=causal, scale=scale, bias=bias,
         block_size=block_size, window=window, num_targets=num_targets, pointwise_norm=pointwise_norm,
         max_q_len=max_q_len, max_kv_len=max_kv_len, quant_block=quant_block,
+        v_transposed=v_transposed,
     )
 
 

@@ -25,7 +25,7 @@ def jagged_attn_fp8_fwd(
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int, quant_block: int,
+    q_len_hint: int, quant_block: int, v_transposed: bool,
 ) -> tuple[Tensor, Tensor]:
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
@@ -33,24 +33,30 @@ def jagged_attn_fp8_fwd(
     qq = quantize_jagged(q, q_offsets, quant_block)
     kq = quantize_jagged(k, kv_offsets, quant_block)
     vq = quantize_jagged(v, kv_offsets, quant_block)
+    v_data, stride_vt = vq.data, 0
+    if v_transposed:  # [H*D, tokens], token stride padded to 16 bytes
+        tokens = k.shape[0]
+        v_data = vq.data.new_empty(q.shape[1] * q.shape[2], (tokens + 15) // 16 * 16)
+        v_data[:, :tokens].copy_(vq.data.view(tokens, -1).t())
+        stride_vt = v_data.stride(0)
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     meta.pop("PREC")
     jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
-        qq.data, kq.data, vq.data, qq.scale, kq.scale, vq.scale, qq.block_offsets, kq.block_offsets,
+        qq.data, kq.data, v_data, qq.scale, kq.scale, vq.scale, qq.block_offsets, kq.block_offsets,
         out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
-        QUANT_BLOCK=quant_block, EXACT_CVT=INTERPRET, BLOCK_M=plan["tile_q"], **meta,
+        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key, stride_vt,
+        QUANT_BLOCK=quant_block, EXACT_CVT=INTERPRET, V_TRANSPOSED=v_transposed, BLOCK_M=plan["tile_q"], **meta,
     )
     return out, lse
 
 
 @jagged_attn_fp8_fwd.register_fake
 def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
-      activation, causal, scale, block_size, window, norm, len_key, q_len_hint, quant_block):
+      activation, causal, scale, block_size, window, norm, len_key, q_len_hint, quant_block, v_transposed):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -59,7 +65,7 @@ def _setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
                           q_ts, kv_ts)
-    ctx.rest = rest[:-1]  # the bf16 backward takes every argument but quant_block
+    ctx.rest = rest[:-2]  # the bf16 backward takes every argument but quant_block, v_transposed
 
 
 def _backward(ctx, dout, dlse):
@@ -69,7 +75,7 @@ def _backward(ctx, dout, dlse):
         *ctx.rest,
     )
     return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None, None, None) + (None,) * 9
+            dtime if time_weight is not None else None, None, None) + (None,) * 10
 
 
 jagged_attn_fp8_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -85,7 +91,7 @@ def jagged_attention_fp8_triton(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *, activation: str, causal: bool,
     scale: float, bias: RelativeBias | None, block_size: int | None, window: int | None,
     num_targets: Tensor | None, pointwise_norm: str | int, max_q_len: int | None, max_kv_len: int | None,
-    quant_block: int,
+    quant_block: int, v_transposed: bool = True,
 ) -> Tensor:
     """Triton path of ``kernels.attention_fp8.jagged_attention_fp8`` (arguments already validated)."""
     bias = bias if bias is not None and not bias.is_empty else None
@@ -100,6 +106,7 @@ def jagged_attention_fp8_triton(
         q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
         -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
         _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0), int(quant_block),
+        bool(v_transposed),
     )
     return out
 

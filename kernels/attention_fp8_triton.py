@@ -7,6 +7,9 @@ Same structure, masks and bias as ``kernels.attention_triton_fwd``; the differen
   scales are applied per token to the fp32 score tile (they sit on the non-reduced dims of QK^T); the
   V scale is one scalar per KV tile, so the KV loop starts at a multiple of ``BLOCK_N`` inside the row
   and ``BLOCK_N`` divides ``QUANT_BLOCK`` (the extra keys before the visible range are masked).
+  With ``V_TRANSPOSED`` V is read from a ``[H * D, tokens]`` copy, so the PV product's second operand
+  is contiguous along its reduction dim (what Hopper's FP8 tensor-core instructions read from shared
+  memory; Triton's FP8 attention tutorial stores V the same way).
 * softmax: P = exp2(s - m) is in [0, 1]; it is stored as e4m3 of ``P * P_SCALE`` (a fixed power of two,
   FA3's FP8 recipe) and the output is divided by ``P_SCALE`` at the end. The row sum ``l`` adds the
   unquantized fp32 P.
@@ -69,16 +72,18 @@ def _to_e4m3(y, EXACT: tl.constexpr):
 
 
 @triton.autotune(configs=_configs(),
-                 key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "QUANT_BLOCK"],
+                 key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "QUANT_BLOCK",
+                      "V_TRANSPOSED"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def jagged_attn_fp8_fwd_kernel(
     Q, K, V, SQ, SK, SV, QBO, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
-    scale, norm_const, window, LEN_KEY,
+    scale, norm_const, window, LEN_KEY, stride_vt,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, QUANT_BLOCK: tl.constexpr, EXACT_CVT: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -132,7 +137,11 @@ def jagged_attn_fp8_fwd_kernel(
         n_ok = offs_n < hi
         kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
         k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if V_TRANSPOSED:  # [H*D, tokens]: the PV operand arrives K-major, as Hopper's FP8 MMA reads it
+            vt_ptrs = V + (h * HEAD_DIM + offs_d).to(tl.int64)[:, None] * stride_vt + (kv_start + offs_n)[None, :]
+            v = tl.trans(tl.load(vt_ptrs, mask=d_ok[:, None] & n_ok[None, :], other=0.0))
+        else:
+            v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         sk = tl.load(SK + (kb0 + offs_n // QUANT_BLOCK) * H + h, mask=n_ok, other=0.0)
         sv = tl.load(SV + (kb0 + start_n // QUANT_BLOCK) * H + h)
         s = tl.dot(q, tl.trans(k)) * sq[:, None] * sk[None, :]

@@ -30,6 +30,18 @@ SKETCH_K = 4096
 EXAMPLES = 3
 
 
+def _smallest_distinct(h: np.ndarray, sketch: np.ndarray) -> np.ndarray:
+    """The SKETCH_K smallest distinct values of `h` that could still enter a sketch (cheaply)."""
+    if sketch.size >= SKETCH_K:
+        h = h[h < sketch[-1]]  # a full sketch admits only hashes below its largest
+    m = 8 * SKETCH_K
+    if h.size > m:
+        part = np.unique(np.partition(h, m - 1)[:m])  # every value below part's max is in part
+        if part.size >= SKETCH_K:
+            return part[:SKETCH_K]
+    return np.unique(h)[:SKETCH_K]
+
+
 @dataclass
 class ColumnStats:
     name: str
@@ -74,8 +86,7 @@ class ColumnStats:
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
         if self.kind in ("id", "id_list", "sequence id"):
-            h = np.unique(splitmix64(values))[:SKETCH_K]
-            self._sketch = np.union1d(self._sketch, h)[:SKETCH_K]
+            self._sketch = np.union1d(self._sketch, _smallest_distinct(splitmix64(values), self._sketch))[:SKETCH_K]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "table": self.table, "table_size": self.table_size,

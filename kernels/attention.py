@@ -73,13 +73,25 @@ def jagged_attention(
     num_targets: torch.Tensor | None = None,
     pointwise_norm: str | int = "row",
     impl: str | None = None,
+    precision: str = "bf16",
 ) -> torch.Tensor:
     """Attention over jagged rows: ``q [ΣLq, H, D]``, ``k, v [ΣLkv, H, D]``, offsets ``[B+1]`` -> ``[ΣLq, H, D]``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``max_q_len`` / ``max_kv_len`` are optional upper bounds of the
     row lengths (they pick the kernel configuration without a device sync). ``impl``: ``"auto"`` (Triton
     on CUDA, reference on CPU), ``"triton"`` or ``"ref"``; None uses the ``attention_impl`` context.
+    ``precision``: ``"bf16"`` (inputs' dtype) or ``"fp8"`` (QK^T and PV in e4m3 with block scales:
+    ``kernels.attention_fp8``).
     """
+    if precision != "bf16":
+        from kernels.attention_fp8 import check_precision, jagged_attention_fp8
+
+        check_precision(precision, "jagged_attention")
+        return jagged_attention_fp8(
+            q, k, v, q_offsets, kv_offsets, activation=activation, causal=causal, scale=scale, bias=bias,
+            block_size=block_size, window=window, max_q_len=max_q_len, max_kv_len=max_kv_len,
+            num_targets=num_targets, pointwise_norm=pointwise_norm, impl=impl,
+        )
     _check(q, k, v, q_offsets, kv_offsets, activation, bias, block_size, window, num_targets, pointwise_norm)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     chosen = current_impl() if impl is None else impl

@@ -29,6 +29,7 @@ class SelfAttention(nn.Module):
         self.heads, self.head_dim = h, d // h
         self.kind, self.window, self.block_size = kind, window, block_size
         self.activation, self.causal = enc.activation, enc.causal
+        self.attention_precision = "bf16"  # "fp8": QK^T and PV in FP8 (set by train.precision's policy)
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         b = enc.bias
@@ -51,7 +52,8 @@ class SelfAttention(nn.Module):
                                     else None, q_timestamps=ts, kv_timestamps=ts)
             y = jagged_attention(q, k, v, hist.offsets, hist.offsets, activation=self.activation,
                                  causal=self.causal, bias=bias, block_size=self.block_size, window=self.window,
-                                 max_q_len=hist.max_length, max_kv_len=hist.max_length)
+                                 max_q_len=hist.max_length, max_kv_len=hist.max_length,
+                                 precision=self.attention_precision)
         else:
             shape = (layout.batch, layout.max_len, self.heads, self.head_dim)
             pts = layout.pad(ts).view(layout.batch, layout.max_len) if ts is not None else None
@@ -85,6 +87,7 @@ class TargetCrossAttention(nn.Module):
         d, h = cfg.d_model, cfg.num_heads
         self.heads, self.head_dim = h, d // h
         self.activation = cfg.cross_attention.activation
+        self.attention_precision = "bf16"  # "fp8": QK^T and PV in FP8 (set by train.precision's policy)
         self.padded = padded
         self.norm_q, self.norm_kv, self.norm_mlp = Norm(d), Norm(d), Norm(d)
         self.q = nn.Linear(d, d)
@@ -106,7 +109,7 @@ class TargetCrossAttention(nn.Module):
         else:
             bias = RelativeBias(pos_weight=self.pos_weight) if self.pos_weight is not None else None
             y = jagged_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, bias=bias, max_q_len=n,
-                                 max_kv_len=hist.max_length, **kw)
+                                 max_kv_len=hist.max_length, precision=self.attention_precision, **kw)
         tokens = tokens + self.drop(self.out(y.reshape(b, n, d)))
         return tokens + self.drop(self.mlp(self.norm_mlp(tokens)))
 

@@ -18,6 +18,13 @@ optimizer and before FSDP wrapping). It refuses, with :class:`PrecisionPolicyErr
 asks for a recipe on a high-precision kind, an unknown kind, and a model that already holds an FP8
 layer under a high-precision kind. Kinds whose recipe is ``bf16`` keep ``nn.Linear`` (autocast decides). Recipes that need a GPU fail at the first forward on a CPU tensor
 unless ``emulate=True`` (the quantize/dequantize reference that tests use).
+
+Attention core. ``attention_kernel`` (``bf16`` | ``fp8``) picks the precision of the attention
+products QK^T and PV themselves (``kernels.attention_fp8``), separately from the ``attention`` recipe of
+the projection layers: the policy sets the ``attention_precision`` attribute of every module that has
+one (the model's attention blocks), or only of the modules named in ``attention_kernel_layers``
+(qualified names, e.g. ``encoder.layers.2.attn``), so FP8 attention is chosen per layer. On CPU the
+FP8 attention runs its emulating reference.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from torch import nn
 from kernels.fp8_linear import RECIPES, WGRAD_PRECISIONS, Fp8Config, Fp8Linear
 
 FP8_KINDS = ("attention", "mlp", "interaction")
+ATTENTION_KERNELS = ("bf16", "fp8")
+ATTENTION_PRECISION_ATTR = "attention_precision"
 HIGH_PRECISION_KINDS = ("embedding", "head", "norm", "loss")
 KIND_ATTR = "precision_kind"
 
@@ -52,6 +61,8 @@ class PrecisionPolicy:
     high_precision: tuple[str, ...] = HIGH_PRECISION_KINDS
     emulate: bool = False
     mx_on_hopper: str = "emulate"
+    attention_kernel: str = "bf16"
+    attention_kernel_layers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:
@@ -76,6 +87,12 @@ class PrecisionPolicy:
                 f"PrecisionPolicy.high_precision: unknown kinds {unknown}; "
                 f"known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
         Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper)  # validates mx_on_hopper
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise PrecisionPolicyError(f"PrecisionPolicy.attention_kernel: unknown precision "
+                                       f"{self.attention_kernel!r}; expected one of {ATTENTION_KERNELS}")
+        if self.attention_kernel != "bf16" and "attention" in self.high_precision:
+            raise PrecisionPolicyError("PrecisionPolicy: attention_kernel='fp8' but 'attention' is listed in "
+                                       "high_precision; remove it from high_precision or use 'bf16'")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "precision") -> PrecisionPolicy:
@@ -87,6 +104,8 @@ class PrecisionPolicy:
         d = dict(d)
         if "high_precision" in d:
             d["high_precision"] = tuple(d["high_precision"])
+        if d.get("attention_kernel_layers") is not None:
+            d["attention_kernel_layers"] = tuple(d["attention_kernel_layers"])
         try:
             return cls(**d)
         except PrecisionPolicyError as e:
@@ -114,6 +133,7 @@ class PolicyReport:
 
     converted: dict[str, str] = field(default_factory=dict)  # name -> recipe
     kept: dict[str, str] = field(default_factory=dict)  # name -> kind ("untagged" if none)
+    attention: dict[str, str] = field(default_factory=dict)  # attention module -> its QK^T/PV precision
 
 
 def _kinds(model: nn.Module, policy: PrecisionPolicy) -> dict[str, str | None]:
@@ -169,4 +189,25 @@ def apply_precision_policy(model: nn.Module, policy: PrecisionPolicy) -> PolicyR
     for name, parent, attr, mod, cfg in swaps:
         setattr(parent, attr, Fp8Linear.from_linear(mod, cfg))
         report.converted[name] = cfg.recipe
+    _set_attention_kernels(model, policy, kinds, report)
     return report
+
+
+def _set_attention_kernels(model: nn.Module, policy: PrecisionPolicy, kinds: dict[str, str | None],
+                           report: PolicyReport) -> None:
+    """Set ``attention_precision`` on the attention modules (all, or those the policy names)."""
+    targets = {name: mod for name, mod in model.named_modules() if hasattr(mod, ATTENTION_PRECISION_ATTR)}
+    wanted = policy.attention_kernel_layers
+    if wanted is not None:
+        unknown = sorted(set(wanted) - set(targets))
+        if unknown:
+            raise PrecisionPolicyError(
+                f"apply_precision_policy: attention_kernel_layers names {unknown}, which are not attention "
+                f"modules of this model; known: {sorted(targets)}")
+    for name, mod in targets.items():
+        kind = kinds.get(name)
+        chosen = policy.attention_kernel if wanted is None or name in wanted else "bf16"
+        if kind is not None and kind in policy.high_precision:
+            chosen = "bf16"
+        setattr(mod, ATTENTION_PRECISION_ATTR, chosen)
+        report.attention[name] = chosen

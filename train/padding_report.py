@@ -103,8 +103,11 @@ class PaddingReport:
 
     @property
     def assumptions(self) -> list[str]:
+        widths = ", ".join(f"{s.name}: {s.token_width}" for s in self.sequences)
         return [
             "Lengths are counted after truncation to the sequence's max_length (most recent events kept).",
+            f"Token width ({widths}): --token-dim when given (e.g. the model's d_model), else the summed dims "
+            "of the tables a sequence's id fields look up.",
             f"Memory: one activation tensor of one layer = events x token width x {self.bytes_per_value} "
             "bytes per value.",
             "Attention FLOPs: one full (non-causal) self-attention layer, forward: 4 x pairs x token width; "

@@ -38,8 +38,9 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default=None,
                    help="write padding_report.html and padding_report.json into this folder")
     p.add_argument("--token-dim", type=positive_int, default=None,
-                   help="width of one history token for memory and FLOPs (default: the summed dims of the "
-                        "tables the sequence's id fields look up)")
+                   help="width of one history token for memory and FLOPs, e.g. the model's d_model "
+                        "(default: the summed dims of the tables the sequence's id fields look up, the width "
+                        "of an event's embeddings before any projection)")
     p.add_argument("--bytes-per-value", type=positive_int, default=4,
                    help="bytes per activation value for memory (default 4: float32; 2 for bf16)")
     add_output_flags(p)

@@ -1,0 +1,190 @@
+"""FP8 jagged attention: block quantizer, Triton kernel (interpreter) vs the PyTorch reference of the same
+quantized arithmetic, error bound against the high-precision paths, gradients, per-layer policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import AttentionError, RelativeBias, jagged_attention
+from kernels.attention_fp8 import (
+    dequantize_jagged,
+    jagged_attention_fp8,
+    jagged_attention_fp8_ref,
+    quantize_jagged,
+)
+from tests.kernels.attention_cases import make_problem, rel_err
+
+# Stated bound: relative L2 error (||out - ref|| / ||ref||) of the FP8 output against the high-precision
+# output, for unit-Gaussian q, k, v. e4m3 keeps 3 mantissa bits (relative rounding error <= 2^-4 per
+# element, ~2.5% RMS); Q, K, V and P each add one such rounding. Measured 0.035-0.05 on these problems.
+FP8_REL_BOUND = 0.08
+# Gradients are the high-precision backward at the unquantized inputs, fed the FP8 output/LSE.
+FP8_GRAD_REL_BOUND = 0.12
+INTERPRET_TILE_N = 32  # the kernel's KV tile under TRITON_INTERPRET=1
+
+
+def _bias(p, dtype=torch.float32) -> RelativeBias:
+    return RelativeBias(p.pos.to(dtype), p.time.to(dtype), p.q_ts, p.kv_ts)
+
+
+def _loop_quantize(x: torch.Tensor, offsets: list[int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, per block of ``block`` tokens, per head: power-of-two scale 2^ceil(log2(amax/448))."""
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
+    scales = []
+    for b in range(len(offsets) - 1):
+        for s in range(offsets[b], offsets[b + 1], block):
+            e = min(s + block, offsets[b + 1])
+            blk = x[s:e].float()
+            amax = blk.abs().amax(dim=(0, 2))  # [H]
+            scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+            data[s:e] = (blk / scale[None, :, None]).to(torch.float8_e4m3fn)
+            scales.append(scale)
+    return data, torch.stack(scales)
+
+
+def test_quantizer_matches_a_plain_loop_and_bounds_its_error():
+    g = torch.Generator().manual_seed(3)
+    lens = [70, 0, 5, 128, 129]
+    offsets = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    x = torch.randn(sum(lens), 3, 8, generator=g) * torch.exp2(torch.randint(-6, 7, (sum(lens), 3, 1), generator=g))
+    off_t = torch.tensor(offsets)
+    for block in (64, 128):
+        t = quantize_jagged(x, off_t, block)
+        data, scales = _loop_quantize(x, offsets, block)
+        assert torch.equal(t.data.view(torch.uint8), data.view(torch.uint8))
+        assert torch.equal(t.scale, scales)
+        expect_blocks = [0, *torch.tensor([math.ceil(n / block) for n in lens]).cumsum(0).tolist()]
+        assert t.block_offsets.tolist() == expect_blocks
+        # Round trip: half an e4m3 step, relative 2^-4 for normals, absolute 2^-10 * scale for subnormals.
+        dq = dequantize_jagged(t, off_t, block)
+        ones = quantize_jagged(x, off_t, block)  # decoding ones gives each element's block scale
+        ones.data = torch.ones_like(x).to(torch.float8_e4m3fn)
+        bid_scale = dequantize_jagged(ones, off_t, block)
+        bound = torch.maximum(x.abs() * 2.0**-4, bid_scale * 2.0**-10)
+        assert bool(((dq - x).abs() <= bound).all())
+        assert float(t.data.float().abs().max()) <= 448.0
+
+
+def test_quantizer_non_finite_block_decodes_to_nan_alone():
+    x = torch.randn(100, 2, 4, generator=torch.Generator().manual_seed(0))
+    x[10, 1, 2] = float("inf")
+    off = torch.tensor([0, 100])
+    dq = dequantize_jagged(quantize_jagged(x, off, 64), off, 64)
+    assert bool(dq[:64, 1].isnan().all())
+    assert bool(dq[:64, 0].isfinite().all()) and bool(dq[64:].isfinite().all())
+
+
+CASES = [
+    # (activation, kwargs, dtype, v_transposed, quant_block)
+    ("softmax", dict(), torch.float32, True, 64),
+    ("softmax", dict(causal=True, targets=True), torch.float16, False, 64),
+    ("softmax", dict(causal=True, window=7), torch.float32, True, 128),
+    ("silu", dict(block_size=16), torch.float32, False, 64),
+    ("gelu", dict(causal=True, pointwise_norm=8), torch.float32, True, 64),
+]
+
+
+@pytest.mark.parametrize("act,kw,dtype,v_t,qb", CASES)
+def test_kernel_matches_quantized_reference(act, kw, dtype, v_t, qb):
+    kw = dict(kw)
+    targets = kw.pop("targets", False)
+    p = make_problem(11, [45, 0, 3, 70], [45, 4, 30, 70], targets=targets)
+    q, k, v = (t.to(dtype) for t in (p.q, p.k, p.v))
+    args = (q, k, v, p.q_offsets, p.kv_offsets)
+    common = dict(activation=act, bias=_bias(p), num_targets=p.num_targets, **kw)
+    out = jagged_attention_fp8(*args, impl="triton", quant_block=qb, v_transposed=v_t, **common)
+    ref = jagged_attention_fp8_ref(*args, quant_block=qb, tile_n=INTERPRET_TILE_N, **common)
+    assert out.dtype == dtype and bool(out.isfinite().all())
+    # Same quantized numbers; only fp32 summation order (and fp16 output rounding) differ.
+    assert rel_err(out, ref.double()) <= (1e-3 if dtype == torch.float16 else 1e-5)
+    exact = jagged_attention(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, impl="ref", activation=act,
+                             bias=_bias(p, torch.float64), num_targets=p.num_targets, **kw)
+    assert 0.005 < rel_err(out, exact) <= FP8_REL_BOUND  # quantized for real, and within the bound
+
+
+def test_error_bound_against_bf16_and_fp32_paths():
+    p = make_problem(5, [64, 100, 17], [64, 100, 17], heads=2, dim=32, bias=False)
+    args = (p.q_offsets, p.kv_offsets)
+    bf = [t.bfloat16() for t in (p.q, p.k, p.v)]
+    fp8 = jagged_attention(*bf, *args, causal=True, impl="triton", precision="fp8")
+    # The bf16 path (its CPU reference: the interpreter has no bf16 dot) and the Triton kernel in fp32.
+    bf16_out = jagged_attention(*bf, *args, causal=True, impl="ref")
+    fp32_out = jagged_attention(*(t.float() for t in (p.q, p.k, p.v)), *args, causal=True, impl="triton")
+    exact = jagged_attention(p.q, p.k, p.v, *args, causal=True, impl="ref")
+    assert rel_err(bf16_out, exact) < 0.01
+    assert rel_err(fp8, bf16_out.double()) <= FP8_REL_BOUND
+    assert rel_err(fp8, fp32_out.double()) <= FP8_REL_BOUND
+    # Without P quantization the reference is literally quantize -> dequantize -> jagged_attention_ref;
+    # quantizing P adds error but stays within the bound.
+    no_p = jagged_attention_fp8_ref(*bf, *args, causal=True, quantize_p=False)
+    assert rel_err(no_p, exact) < rel_err(fp8, exact) <= FP8_REL_BOUND
+
+
+def test_gradients_straight_through_within_bound():
+    p = make_problem(2, [40, 0, 66], [40, 9, 66])
+    grads = {}
+    for name, impl, prec, dtype in (("fp8_kernel", "triton", "fp8", torch.float32),
+                                    ("fp8_ref", "ref", "fp8", torch.float32),
+                                    ("exact", "ref", "bf16", torch.float64)):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (p.q, p.k, p.v)]
+        pos = p.pos.detach().to(dtype).clone().requires_grad_()
+        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, causal=True, impl=impl, precision=prec,
+                               bias=RelativeBias(pos_weight=pos))
+        out.backward(p.do.to(dtype))
+        grads[name] = [t.grad for t in leaves] + [pos.grad]
+    for name in ("fp8_kernel", "fp8_ref"):
+        for got, want in zip(grads[name], grads["exact"], strict=True):
+            assert bool(got.isfinite().all())
+            assert rel_err(got, want) <= FP8_GRAD_REL_BOUND, name
+
+
+def test_precision_keyword_dispatch_and_errors():
+    p = make_problem(4, [20, 9], [20, 9], bias=False)
+    q, k, v = (t.float() for t in (p.q, p.k, p.v))
+    args = (q, k, v, p.q_offsets, p.kv_offsets)
+    assert torch.equal(jagged_attention(*args, precision="bf16"), jagged_attention(*args))  # bf16 untouched
+    via_kw = jagged_attention(*args, precision="fp8", impl="ref")
+    assert torch.equal(via_kw, jagged_attention_fp8_ref(*args))
+    with pytest.raises(AttentionError, match="precision"):
+        jagged_attention(*args, precision="fp4")
+    with pytest.raises(AttentionError, match="quant_block"):
+        jagged_attention_fp8(*args, quant_block=32)
+
+
+def test_policy_turns_fp8_attention_on_per_layer():
+    from torch import nn
+
+    from model.attention import SelfAttention
+    from model.config import ModelConfig
+    from model.embeddings import History
+    from train.precision import PrecisionPolicy, PrecisionPolicyError, apply_precision_policy
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_dict({"d_model": 32, "num_heads": 2})
+    model = nn.ModuleDict({"layers": nn.ModuleList([SelfAttention(cfg, "full", None, None) for _ in range(2)])})
+    policy = PrecisionPolicy(mlp="bf16", attention_kernel="fp8", attention_kernel_layers=("layers.1",), emulate=True)
+    report = apply_precision_policy(model, policy)
+    assert report.attention == {"layers.0": "bf16", "layers.1": "fp8"}
+    assert [m.attention_precision for m in model["layers"]] == ["bf16", "fp8"]
+
+    offsets = torch.tensor([0, 30, 30, 50])
+    hist = History(tokens=torch.randn(50, 32), offsets=offsets, timestamps=torch.arange(50), max_length=30)
+    layer = model["layers"][1]
+    y8 = layer(hist.tokens, hist)
+    layer.attention_precision = "bf16"
+    y = layer(hist.tokens, hist)
+    assert 0 < rel_err(y8, y.double()) <= FP8_REL_BOUND
+
+    apply_precision_policy(model, PrecisionPolicy(mlp="bf16", attention_kernel="fp8"))
+    assert all(m.attention_precision == "fp8" for m in model["layers"])
+    with pytest.raises(PrecisionPolicyError, match="attention_kernel_layers"):
+        apply_precision_policy(model, PrecisionPolicy(mlp="bf16", attention_kernel="fp8",
+                                                      attention_kernel_layers=("layers.7",)))
+    with pytest.raises(PrecisionPolicyError, match="attention_kernel"):
+        PrecisionPolicy(attention_kernel="fp4")
+    with pytest.raises(PrecisionPolicyError, match="high_precision"):
+        PrecisionPolicy(attention_kernel="fp8",
+                        high_precision=("embedding", "head", "norm", "loss", "attention"))

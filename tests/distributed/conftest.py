@@ -17,7 +17,7 @@ THREE_RANK_CHECKS = "sharded,moe_ep,ckpt_resume"
 
 
 def run_harness(nproc: int, out: Path, checks: str, env_extra: dict[str, str] | None = None) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GEMTRAIN_TEST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GEMTRAIN_TEST_TIMEOUT": "90", "OMP_NUM_THREADS": "1"}
     env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-m", "tests.distributed.harness", "--nproc", str(nproc), "--out",
                            str(out), "--checks", checks], cwd=REPO, env=env, capture_output=True, text=True,

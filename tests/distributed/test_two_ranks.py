@@ -74,5 +74,5 @@ def test_dead_rank_fails_fast_with_a_clear_error(two_ranks):
     results, _ = two_ranks
     d = results[0]["dead_rank"]
     assert d["raised"], d
-    assert d["seconds"] < 30  # well inside the collective timeout: no hang
+    assert d["seconds"] < 30  # a third of the 90 s collective timeout: the failure is detected, not waited out
     assert "rank 0 of 2" in d["message"] and "another rank died" in d["message"] and "--resume" in d["message"]

@@ -346,6 +346,24 @@ def check_ckpt_resume(info) -> dict:
     return {"rows": rows, "losses": losses, "sums": sums, "step": state["step"], "fused": fused}
 
 
+def check_stuck_rank(info) -> dict:
+    """The last rank stays alive but skips a collective: the others fail at the group's timeout."""
+    import datetime
+
+    group = dist.new_group(timeout=datetime.timedelta(seconds=3))
+    out: dict = {}
+    if info.rank != info.world_size - 1:
+        t0 = time.perf_counter()
+        try:
+            with tdist.collective_guard("all-reduce", timeout_s=3):
+                dist.all_reduce(torch.ones(4), group=group)
+            out = {"raised": False, "seconds": time.perf_counter() - t0}
+        except tdist.DistributedError as e:
+            out = {"raised": True, "seconds": time.perf_counter() - t0, "message": str(e)}
+    dist.barrier()  # the default group still works after a timeout on another group
+    return out
+
+
 def check_dead_rank(info) -> dict:
     """The last rank exits in the middle of a step; the others must fail fast with a clear error."""
     schema = load_schema(SCHEMA)
@@ -368,7 +386,8 @@ def check_dead_rank(info) -> dict:
 
 
 CHECKS = {"sharded": check_sharded, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
-          "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "dead_rank": check_dead_rank}
+          "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "stuck_rank": check_stuck_rank,
+          "dead_rank": check_dead_rank}
 
 
 def _worker(rank: int, nproc: int, out: str, checks: list[str], port: int) -> None:

@@ -76,3 +76,12 @@ def test_dead_rank_fails_fast_with_a_clear_error(two_ranks):
     assert d["raised"], d
     assert d["seconds"] < 30  # a third of the 90 s collective timeout: the failure is detected, not waited out
     assert "rank 0 of 2" in d["message"] and "another rank died" in d["message"] and "--resume" in d["message"]
+
+
+def test_stuck_rank_fails_at_the_collective_timeout(two_ranks):
+    results, _ = two_ranks
+    s = results[0]["stuck_rank"]
+    assert s["raised"], s
+    assert 2.5 < s["seconds"] < 20  # the group's 3 s timeout, not a hang
+    assert "collective timeout 3s" in s["message"] and "another rank died or stopped responding" in s["message"]
+    assert results[1]["stuck_rank"] == {}  # the stuck rank itself went on (and both met at a barrier after)

@@ -9,7 +9,8 @@ On `gem_medium` synthetic data (generated once into --data), one rank, all rows:
 - (b) `ingest.Loader` to `JaggedBatch` (no shuffle, and with the shuffle buffer) at 1 and 2 threads;
 - (c) a naive padded baseline: a torch `Dataset` of rows (each field of a row a small tensor, cut
   from the decoded table), collated by a `DataLoader` into `[B, L]` tensors, L = the batch's
-  longest history or the schema's max_length (timed on the first --naive-rows rows);
+  longest history or the schema's max_length (timed on the first --naive-rows rows); and the
+  common Python-rows variant (each row `to_pylist`, on half as many rows);
 - (b) again with the files on a local moto S3 server (--s3).
 
 Runs are interleaved and repeated (--repeats); each row reports its best run, so a machine shared
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,6 +91,22 @@ class RowDataset(torch.utils.data.Dataset):
         return item
 
 
+class PyRowDataset(RowDataset):
+    """The most common naive way: each row converted to Python objects (`to_pylist`), then tensors."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        row = self.table.slice(i, 1).to_pylist()[0]
+        events = (row["history"] or [])[-self.seq.max_length:]
+        item = {f.name: torch.tensor([e[f.name] for e in events],
+                                     dtype=torch.float32 if f.type == "float" else torch.int64)
+                for f in self.seq.fields}
+        for f in self.schema.features:
+            item[f.name] = torch.as_tensor(row[f.name] if row[f.name] is not None else 0)
+        for label in self.schema.labels:
+            item[label.name] = torch.as_tensor(row[label.name])
+        return item
+
+
 def padded_collate(items: list[dict[str, torch.Tensor]], jagged: tuple[str, ...],
                    pad_to: int | None) -> dict[str, torch.Tensor]:
     """Stacks rows; each variable-length field becomes `[B, L]`, L = the batch max or `pad_to`."""
@@ -107,10 +125,11 @@ def padded_collate(items: list[dict[str, torch.Tensor]], jagged: tuple[str, ...]
     return out
 
 
-def naive(schema, files: list[str], batch: int, rows: int, pad_to_schema_max: bool) -> tuple[int, int]:
+def naive(schema, files: list[str], batch: int, rows: int, pad_to_schema_max: bool,
+          python_rows: bool = False) -> tuple[int, int]:
     import functools
 
-    ds = RowDataset(schema, files, rows)
+    ds = (PyRowDataset if python_rows else RowDataset)(schema, files, rows)
     seq = schema.sequence("history")
     jagged = tuple(f.name for f in seq.fields) + tuple(f.name for f in schema.features if f.type == "id_list")
     collate = functools.partial(padded_collate, jagged=jagged,
@@ -174,21 +193,29 @@ def main() -> None:
         "(b) Loader, 2 threads, shuffle": lambda: ours(schema, str(data), b, 2, True),
         "(c) naive Dataset, pad to batch max": lambda: naive(schema, files, b, args.naive_rows, False),
         "(c) naive Dataset, pad to max_length": lambda: naive(schema, files, b, args.naive_rows, True),
+        "(c) naive Dataset of Python rows, batch max": lambda: naive(schema, files, b, args.naive_rows // 2,
+                                                                     False, python_rows=True),
     }
     stop = None
     if args.s3:
         url, so, stop = _s3_copy(files)
         runs["(b) Loader, 2 threads, S3 (moto)"] = lambda: ours(schema, url, b, 2, False, so)
 
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
+        return r.ru_utime + r.ru_stime
+
     best: dict[str, tuple[float, int, int]] = {}
+    best_cpu: dict[str, float] = {}
     raw_decode(files, cols, b, False)  # warm the page cache
     for _ in range(args.repeats):
         for name, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu()
             rows, events = fn()
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, cpu() - c0
             if name not in best or dt < best[name][0]:
                 best[name] = (dt, rows, events)
+            best_cpu[name] = min(best_cpu.get(name, float("inf")), dc / max(rows, 1) * 1000)
     if stop is not None:
         stop()
 
@@ -199,18 +226,22 @@ def main() -> None:
     a1 = rate("(a) pyarrow iter_batches, 1 thread")
     c = rate("(c) naive Dataset, pad to batch max")
     c_max = rate("(c) naive Dataset, pad to max_length")
+    c_py = rate("(c) naive Dataset of Python rows, batch max")
     print(f"gem_medium: {best['(a) pyarrow iter_batches, 1 thread'][1]} rows, {len(files)} files, "
           f"{size_mb:.0f} MB zstd, row groups of {args.row_group_rows}, batch {b}; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of {args.repeats}")
-    print(f"| {'configuration':42s} | {'rows':>6s} | {'rows/s':>8s} | {'Mevents/s':>9s} | {'vs (a) 1t':>9s} | "
-          f"{'vs (c)':>7s} |")
-    print(f"|{'-' * 44}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 9}|")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of {args.repeats}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    a1_cpu = best_cpu["(a) pyarrow iter_batches, 1 thread"]
+    print(f"| {'configuration':44s} | {'rows':>6s} | {'rows/s':>8s} | {'Mevents/s':>9s} | {'vs (a) 1t':>9s} | "
+          f"{'vs (c)':>7s} | {'CPU ms/row':>10s} | {'CPU vs (a)':>10s} |")
+    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 12}|")
     for name, (dt, rows, events) in best.items():
         r = rows / dt
-        print(f"| {name:42s} | {rows:6d} | {r:8.0f} | {events / dt / 1e6:9.2f} | {r / a1:9.2f} | {r / c:7.1f} |")
+        print(f"| {name:44s} | {rows:6d} | {r:8.0f} | {events / dt / 1e6:9.2f} | {r / a1:9.2f} | {r / c:7.1f} | "
+              f"{best_cpu[name]:10.2f} | {a1_cpu / best_cpu[name]:10.2f} |")
     b1 = rate("(b) Loader -> JaggedBatch, 1 thread")
     print(f"targets: (b)/(a) at 1 thread = {b1 / a1:.2f} (>= 0.9); (b)/(c) = {b1 / c:.1f} against pad-to-batch-max, "
-          f"{b1 / c_max:.1f} against pad-to-max_length (>= 5)")
+          f"{b1 / c_max:.1f} against pad-to-max_length, {b1 / c_py:.1f} against Python rows (>= 5)")
     if args.s3:
         print(f"S3 (moto) / local, 2 threads: {rate('(b) Loader, 2 threads, S3 (moto)') / rate('(b) Loader -> JaggedBatch, 2 threads'):.2f}")
 

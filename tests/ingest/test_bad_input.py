@@ -147,3 +147,26 @@ def test_transient_errors_are_retried(demo_schema, tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "_open", down)
     with pytest.raises(BadFileError, match="timed out"):
         _run(demo_schema, root)
+
+
+@pytest.mark.parametrize("token_budget", [None, 3000])
+def test_quarantined_row_group_mid_epoch_across_ranks(demo_schema, tmp_path, token_budget):
+    root = _dataset(demo_schema, tmp_path / "data")
+    path = root / "part-00000.parquet"
+    md = pq.read_metadata(path)
+    col = md.row_group(0).column(md.num_columns - 4)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start + col.total_compressed_size - 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    seen, counts, lost = [], [], 0
+    for rank in range(2):
+        loader = Loader(demo_schema, _cfg(root, on_bad_file="quarantine", token_budget=token_budget),
+                        rank=rank, world_size=2)
+        out = [b.row_ids.tolist() for b in loader]
+        counts.append(len(out))
+        seen += [i for b in out for i in b]
+        lost += loader.stats.rows_quarantined
+    assert lost == 50 and sorted(seen) == list(range(50, GOOD_ROWS))
+    if token_budget is None:
+        assert counts[0] == counts[1]  # a hole shrinks batches, never the number of batches

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from kernels.attention_ref import _bias, _chunk_rows, _pad_index, jagged_attention_ref, visible_mask
 from kernels.attention_spec import IMPLS, AttentionError, RelativeBias, current_impl
-from kernels.mx import E4M3_MAX, _f32_from_bits, _scale_bits_ref
+from kernels.mx import _NAN_CODE, E4M3_MAX, _f32_from_bits, _scale_bits_ref
 
 Tensor = torch.Tensor
 
@@ -70,7 +70,7 @@ def _block_index(offsets: Tensor, total: int, block: int) -> tuple[Tensor, Tenso
 
 def quantize_jagged(x: Tensor, offsets: Tensor, block: int = DEFAULT_QUANT_BLOCK) -> Fp8Jagged:
     """e4m3 with a power-of-two scale per (row block of ``block`` tokens, head); blocks holding NaN/Inf
-    get a NaN scale (they decode to NaN)."""
+    get a NaN scale and NaN codes (they decode to NaN)."""
     if block not in QUANT_BLOCKS:
         raise AttentionError(f"quantize_jagged: block={block}, expected one of {QUANT_BLOCKS}")
     total, heads, _ = x.shape
@@ -79,9 +79,10 @@ def quantize_jagged(x: Tensor, offsets: Tensor, block: int = DEFAULT_QUANT_BLOCK
     amax_tok = xf.abs().amax(-1)  # [ΣL, H]
     amax = torch.zeros(nb, heads, dtype=torch.float32, device=x.device)
     amax.scatter_reduce_(0, bid[:, None].expand(total, heads), amax_tok, reduce="amax", include_self=True)
-    inv, sbits, _ = _scale_bits_ref(amax.view(torch.int32) & 0x7FFFFFFF, e8m0=False)
+    inv, sbits, bad = _scale_bits_ref(amax.view(torch.int32) & 0x7FFFFFFF, e8m0=False)
     inv_tok = _f32_from_bits(inv)[bid]  # [ΣL, H]
-    data = (xf * inv_tok[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    data = (xf * inv_tok[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    data = data.masked_fill(bad[bid][:, :, None], _NAN_CODE).view(torch.float8_e4m3fn)
     return Fp8Jagged(data, _f32_from_bits(sbits), blk_off)
 
 

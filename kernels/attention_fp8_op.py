@@ -1,6 +1,7 @@
 """FP8 jagged attention as a ``torch.library`` custom op (``gemtrain::jagged_attn_fp8_fwd``).
 
-The op quantizes q, k, v (``kernels.attention_fp8.quantize_jagged``) and runs the FP8 forward kernel.
+The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one pass each) and
+runs the FP8 forward kernel.
 Its autograd backward is the bf16 path's ``gemtrain::jagged_attn_bwd`` on the unquantized q, k, v with the
 FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``).
 """
@@ -8,15 +9,66 @@ FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.
 from __future__ import annotations
 
 import torch
+import triton
 from torch.utils.flop_counter import register_flop_formula
 
-from kernels.attention_fp8 import quantize_jagged
-from kernels.attention_fp8_triton import jagged_attn_fp8_fwd_kernel
+from kernels.attention_fp8 import Fp8Jagged
+from kernels.attention_fp8_triton import jagged_attn_fp8_fwd_kernel, jagged_quant_kernel
 from kernels.attention_op import _len_key, _meta, _pairs_or_estimate, _plan, _ptr, _unset, work_list
 from kernels.attention_spec import RelativeBias
 from kernels.attention_triton_common import INTERPRET
 
 Tensor = torch.Tensor
+
+
+def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False
+                           ) -> tuple[Fp8Jagged, Tensor | None]:
+    """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
+    ``[H * D, tokens]`` copy of the codes (token stride padded to 16 bytes) that the attention kernel reads V from."""
+    total, heads, dim = x.shape
+    bid_bound = (total + block - 1) // block + offsets.numel() - 1
+    lens = (offsets[1:] - offsets[:-1]).long()
+    nblk = (lens + block - 1) // block
+    blk_off = torch.cat([nblk.new_zeros(1), nblk.cumsum(0)]).to(torch.int32)
+    work, n_items = work_list(offsets, offsets, block, total)
+    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(max(bid_bound, 1), heads, dtype=torch.int32, device=x.device)
+    data_t = None
+    if transposed:
+        data_t = torch.empty(heads * dim, (total + 15) // 16 * 16, dtype=torch.uint8, device=x.device)
+    if n_items > 0:
+        jagged_quant_kernel[(n_items * heads,)](
+            x.contiguous(), data, data if data_t is None else data_t, scale, offsets, blk_off, work,
+            0 if data_t is None else data_t.stride(0), H=heads, HEAD_DIM=dim,
+            BLOCK_D=max(16, triton.next_power_of_2(dim)), QUANT_BLOCK=block, TRANSPOSED=transposed,
+        )
+    f8 = torch.float8_e4m3fn
+    return Fp8Jagged(data.view(f8), scale.view(torch.float32), blk_off), None if data_t is None else data_t.view(f8)
+
+
+def fp8_fwd_quantized(
+    q: Tensor, k: Tensor, qq: Fp8Jagged, kq: Fp8Jagged, vq: Fp8Jagged, v_t: Tensor | None,
+    q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
+    time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+    q_len_hint: int, quant_block: int,
+) -> tuple[Tensor, Tensor]:
+    """The FP8 forward kernel on already-quantized inputs (``q``/``k``: shapes and output dtype only).
+    ``v_t``: the transposed V codes (read instead of ``vq.data`` when given)."""
+    out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
+    plan = _plan(q, k, len_key, block_size, q_len_hint)
+    work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
+    meta.pop("PREC")
+    jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
+        qq.data, kq.data, vq.data if v_t is None else v_t, qq.scale, kq.scale, vq.scale, qq.block_offsets,
+        kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
+        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
+        0 if v_t is None else v_t.stride(0), QUANT_BLOCK=quant_block, EXACT_CVT=INTERPRET,
+        V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"], **meta,
+    )
+    return out, lse
 
 
 @torch.library.custom_op("gemtrain::jagged_attn_fp8_fwd", mutates_args=())
@@ -30,28 +82,12 @@ def jagged_attn_fp8_fwd(
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
-    qq = quantize_jagged(q, q_offsets, quant_block)
-    kq = quantize_jagged(k, kv_offsets, quant_block)
-    vq = quantize_jagged(v, kv_offsets, quant_block)
-    v_data, stride_vt = vq.data, 0
-    if v_transposed:  # [H*D, tokens], token stride padded to 16 bytes
-        tokens = k.shape[0]
-        v_data = vq.data.new_empty(q.shape[1] * q.shape[2], (tokens + 15) // 16 * 16)
-        v_data[:, :tokens].copy_(vq.data.view(tokens, -1).t())
-        stride_vt = v_data.stride(0)
-    out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
-    plan = _plan(q, k, len_key, block_size, q_len_hint)
-    work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
-    meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
-    meta.pop("PREC")
-    jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
-        qq.data, kq.data, v_data, qq.scale, kq.scale, vq.scale, qq.block_offsets, kq.block_offsets,
-        out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
-        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key, stride_vt,
-        QUANT_BLOCK=quant_block, EXACT_CVT=INTERPRET, V_TRANSPOSED=v_transposed, BLOCK_M=plan["tile_q"], **meta,
-    )
-    return out, lse
+    qq, _ = quantize_jagged_triton(q, q_offsets, quant_block)
+    kq, _ = quantize_jagged_triton(k, kv_offsets, quant_block)
+    vq, v_t = quantize_jagged_triton(v, kv_offsets, quant_block, transposed=v_transposed)
+    return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                             q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
+                             len_key, q_len_hint, quant_block)
 
 
 @jagged_attn_fp8_fwd.register_fake
@@ -111,4 +147,4 @@ def jagged_attention_fp8_triton(
     return out
 
 
-__all__ = ["jagged_attention_fp8_triton"]
+__all__ = ["fp8_fwd_quantized", "jagged_attention_fp8_triton", "quantize_jagged_triton"]

@@ -183,3 +183,36 @@ def jagged_attn_fp8_fwd_kernel(
             out = acc / norm_const
     o_ptrs = OUT + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def jagged_quant_kernel(
+    X, OUT, OUT_T, SCALE, OFF, BLKOFF, WORK, stride_t,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    """One (row block, head): power-of-two scale from the block's |x| max, e4m3 codes (exact RNE encoder,
+    bit-identical to ``kernels.attention_fp8.quantize_jagged``); optionally the ``[H*D, tokens]`` copy."""
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
+    row = tl.load(WORK + 2 * item)
+    if row < 0:
+        return
+    c = tl.load(WORK + 2 * item + 1)
+    start = tl.load(OFF + row).to(tl.int64)
+    end = tl.load(OFF + row + 1).to(tl.int64)
+    offs_t = start + c * QUANT_BLOCK + tl.arange(0, QUANT_BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_t < end)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    ptrs = offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    x = tl.load(X + ptrs, mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)  # NaN > Inf > finite
+    inv, stored, bad = _scale_from_amax(amax, False)
+    y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
+    code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
+    tl.store(OUT + ptrs, code, mask=ok)
+    if TRANSPOSED:
+        t_ptrs = (h * HEAD_DIM + offs_d).to(tl.int64)[None, :] * stride_t + offs_t[:, None]
+        tl.store(OUT_T + t_ptrs, code, mask=ok)
+    tl.store(SCALE + (tl.load(BLKOFF + row) + c) * H + h, stored)

@@ -77,6 +77,28 @@ def test_quantizer_non_finite_block_decodes_to_nan_alone():
     assert bool(dq[:64, 0].isfinite().all()) and bool(dq[64:].isfinite().all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_quantizer_is_bit_identical(dtype):
+    from kernels.attention_fp8_op import quantize_jagged_triton
+
+    g = torch.Generator().manual_seed(8)
+    lens = [70, 0, 5, 128, 129]
+    off = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    total = sum(lens)
+    x = torch.randn(total, 3, 12, generator=g) * torch.exp2(torch.randint(-6, 7, (total, 3, 1), generator=g))
+    x[3, 1, 1], x[200, 2, 0] = float("nan"), float("-inf")
+    x = x.to(dtype)
+    for block in (64, 128):
+        want = quantize_jagged(x, off, block)
+        got, got_t = quantize_jagged_triton(x, off, block, transposed=True)
+        nb = int(want.block_offsets[-1])
+        codes = want.data.view(torch.uint8)
+        assert torch.equal(got.data.view(torch.uint8), codes)
+        assert torch.equal(got.scale[:nb].view(torch.int32), want.scale.view(torch.int32))
+        assert torch.equal(got.block_offsets, want.block_offsets)
+        assert torch.equal(got_t[:, :total].view(torch.uint8), codes.view(total, -1).t())
+
+
 CASES = [
     # (activation, kwargs, dtype, v_transposed, quant_block)
     ("softmax", dict(), torch.float32, True, 64),

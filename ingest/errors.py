@@ -18,7 +18,3 @@ class BadFileError(DataError):
         text = f"{where}: {reason}"
         text += f" ({hint})" if hint else " (fix or remove the file, or set on_bad_file: quarantine to skip it)"
         super().__init__(text)
-
-
-class StorageError(GemtrainError, OSError):
-    """Storage stayed unreachable after the configured retries."""

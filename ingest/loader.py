@@ -25,7 +25,6 @@ held its rows are that much smaller, so every rank still yields the same number 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -557,6 +556,3 @@ def _concat(parts: list[pa.Table], schema: FeatureSchema) -> pa.Table:
     if not parts:
         return schema.arrow_schema().empty_table()
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-
-
-_ = threading  # the stats lock lives in ingest.stats

@@ -3,6 +3,7 @@
     python benchmarks/attention.py check              # kernel vs float64, every option, bf16/fp16/fp32
     python benchmarks/attention.py bench A B          # batches A and B (device README), issue-4 rows
     python benchmarks/attention.py local              # block-local / window section (issue 5)
+    python benchmarks/attention.py fp8 A              # FP8 forward vs our bf16 forward (issue 8; also --fp8)
 
 Baselines run in the same process: ``flex_attention`` (compiled) on the packed batch with a document
 mask (and the same bias as ``score_mod``), and padded ``scaled_dot_product_attention`` (flash backend).
@@ -330,6 +331,86 @@ def local(seq_lens: list[int] | None = None) -> list[str]:
     return rows
 
 
+# ----------------------------------------------------------------------------------------------- fp8
+def fp8(name: str = "A") -> list[str]:
+    """Issue 8: FP8 forward (``precision="fp8"``) vs our bf16 forward on one batch (target >= 1.3x on A).
+
+    Columns: the bf16 kernel; the whole FP8 call (three quantize passes + kernel); the FP8 kernel alone on
+    pre-quantized inputs; the quantize passes alone. Errors are relative L2 against the fp32 kernel.
+    """
+    from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
+
+    B, max_len, H, D = BATCHES[name]
+    lens = lengths(B, max_len)
+    offs = offsets_of(lens)
+    T = int(lens.sum())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda n: torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v = mk(T), mk(T), mk(T)
+    qc = mk(16 * B)
+    qo_c = offsets_of(torch.full((B,), 16, dtype=torch.int64))
+    ts = torch.randint(0, 3600, (T,), device="cuda", generator=g).cumsum(0)
+    pos_w = torch.randn(NUM_POS, H, device="cuda", generator=g) * 0.1
+    time_w = torch.randn(NUM_TIME, H, device="cuda", generator=g) * 0.1
+    rows = [f"### FP8 attention forward, batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, ΣL={T}, "
+            "inputs bf16", "",
+            "| case | bf16 fwd ms | fp8 fwd ms (with quantize) | fp8 kernel ms | quantize ms | bf16 / fp8 | "
+            "bf16 / fp8 kernel | fp8 TFLOP/s | err fp8 | err bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    cases = [
+        ("causal softmax", dict(causal=True), {}),
+        ("causal softmax, V row-major", dict(causal=True), dict(v_transposed=False)),
+        ("causal softmax, 64-token scale blocks", dict(causal=True), dict(quant_block=64)),
+        ("non-causal softmax", dict(causal=False), {}),
+        ("causal softmax + pos/time bias", dict(causal=True, bias=RelativeBias(pos_w, time_w, ts, ts)), {}),
+        ("causal silu", dict(causal=True, activation="silu"), {}),
+        ("cross attention (Lq=16)", dict(cross=True), {}),
+    ]
+    for label, kw, opt in cases:
+        kw = dict(kw)
+        cross = kw.pop("cross", False)
+        qx, qo = (qc, qo_c) if cross else (q, offs)
+        kw.update(max_q_len=16 if cross else max_len, max_kv_len=max_len)
+        flops = jagged_attention_flops(qo, offs, H, D, causal=kw.get("causal", False))
+        t_bf, t_f8, t_k, t_q, e8, eb = _fp8_case(qx, k, v, qo, offs, kw, opt.get("quant_block", DEFAULT_QUANT_BLOCK),
+                                                 opt.get("v_transposed", True))
+        rows.append(f"| {label} | {t_bf:.3f} | {t_f8:.3f} | {t_k:.3f} | {t_q:.3f} | {t_bf / t_f8:.2f}x | "
+                    f"{t_bf / t_k:.2f}x | {flops / t_k / 1e9:.0f} | {e8:.1e} | {eb:.1e} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+@torch.no_grad()
+def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tensor, offs: torch.Tensor, kw: dict,
+              qb: int, v_t: bool) -> tuple[float, float, float, float, float, float]:
+    """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, fp8 error, bf16 error) of one case."""
+    from kernels.attention_fp8 import jagged_attention_fp8
+    from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_jagged_triton
+    from kernels.attention_op import _len_key
+
+    def quant():
+        a, _ = quantize_jagged_triton(q, qo, qb)
+        b, _ = quantize_jagged_triton(k, offs, qb)
+        c, ct = quantize_jagged_triton(v, offs, qb, transposed=v_t)
+        return a, b, c, ct
+
+    qq, kq, vq, vt = quant()
+    bias, act = kw.get("bias"), kw.get("activation", "softmax")
+    tables = (bias.pos_weight, bias.time_weight, bias.q_timestamps, bias.kv_timestamps) if bias else (None,) * 4
+    len_key = _len_key(qo, q, k, kw["max_q_len"], kw["max_kv_len"])
+
+    def kern():
+        return fp8_fwd_quantized(q, k, qq, kq, vq, vt, qo, offs, None, *tables, act, kw.get("causal", False),
+                                 1.0 / math.sqrt(q.shape[-1]), 0, -1, 0, len_key, kw["max_q_len"], qb)
+
+    bf = lambda: jagged_attention(q, k, v, qo, offs, **kw)
+    f8 = lambda: jagged_attention_fp8(q, k, v, qo, offs, quant_block=qb, v_transposed=v_t, **kw)
+    times = [cuda_time(fn) for fn in (bf, f8, kern, quant)]
+    exact = jagged_attention(q.float(), k.float(), v.float(), qo, offs, **kw).double()
+    if not torch.equal(kern()[0], f8()):
+        print("  warning: kernel-only and full FP8 calls disagree", flush=True)
+    return (*times, rel_err(f8(), exact), rel_err(bf(), exact))
+
+
 def main(argv: list[str]) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
@@ -341,6 +422,8 @@ def main(argv: list[str]) -> None:
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
         for name in [a for a in argv[2:] if not a.startswith("rows=")] or ["A", "B"]:
             out += bench(name, only) + [""]
+    elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
+        out = fp8(argv[2] if len(argv) > 2 else "A")
     elif what == "local":  # local [L ...]
         out = local([int(a) for a in argv[2:]] or None)
     if what != "check":

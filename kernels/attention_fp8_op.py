@@ -57,6 +57,7 @@ def fp8_fwd_quantized(
     ``v_t``: the transposed V codes (read instead of ``vq.data`` when given)."""
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
+    plan["block_d"] = max(32, plan["block_d"])  # FP8 tensor-core MMAs reduce over >= 32 elements
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     meta.pop("PREC")

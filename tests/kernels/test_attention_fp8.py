@@ -210,3 +210,29 @@ def test_policy_turns_fp8_attention_on_per_layer():
     with pytest.raises(PrecisionPolicyError, match="high_precision"):
         PrecisionPolicy(attention_kernel="fp8",
                         high_precision=("embedding", "head", "norm", "loss", "attention"))
+
+
+def test_custom_op_compiles_counts_flops_and_checkpoints():
+    import torch.utils.checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import kernels.attention_fp8_op  # noqa: F401  (registers the flop formula before the counter snapshots it)
+    from kernels import jagged_attention_flops
+
+    p = make_problem(seed=104, lq=[4, 12], lk=[4, 12], bias=False)
+    q, k, v = (t.float().requires_grad_() for t in (p.q, p.k, p.v))
+
+    def f(q, k, v):
+        return jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, causal=True, impl="triton", precision="fp8") * 2
+
+    with FlopCounterMode(display=False) as counter:
+        eager = f(q, k, v)
+    assert counter.get_total_flops() == jagged_attention_flops(p.q_offsets, p.kv_offsets, 2, 16, causal=True)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager)
+    ck = torch.utils.checkpoint.checkpoint(f, q, k, v, use_reentrant=False)
+    ck.sum().backward()
+    dq = q.grad.clone()
+    q.grad = None
+    eager.sum().backward()
+    torch.testing.assert_close(dq, q.grad)

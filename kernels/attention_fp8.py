@@ -5,7 +5,7 @@ Recipe (arithmetic of the Triton kernel ``kernels.attention_fp8_triton`` and of 
 * Q, K, V: e4m3 with one fp32 power-of-two scale per (block of ``quant_block`` consecutive tokens of a
   jagged row, head); blocks start at each row's first token (the last block of a row may be short).
   The scale is ``2**ceil(log2(amax / 448))`` (``kernels.mx`` Hopper rule: nothing saturates, and
-  dividing by a power of two is exact). For V the blocks run along the reduction dimension of PV.
+  dividing by a power of two is exact), its exponent clamped to [-63, 63]. For V the blocks run along the reduction dimension of PV.
 * softmax: the probabilities P (in [0, 1], relative to the running row max of the online softmax) are
   stored as e4m3 of ``P * 256`` before the PV product (a fixed scale, as FA3's FP8 path); the row sum
   adds the unquantized P. silu/gelu: P gets one power-of-two scale per (query, KV tile).
@@ -39,6 +39,7 @@ Tensor = torch.Tensor
 QUANT_BLOCKS = (64, 128)
 DEFAULT_QUANT_BLOCK = 128
 P_SCALE = 256.0  # keep equal to kernels.attention_fp8_triton.P_SCALE
+SCALE_EXP_LIMIT = 63  # keep equal to kernels.attention_fp8_triton.SCALE_EXP_LIMIT
 LOG2E = 1.4426950408889634
 PRECISIONS = ("bf16", "fp8")
 
@@ -68,6 +69,16 @@ def _block_index(offsets: Tensor, total: int, block: int) -> tuple[Tensor, Tenso
     return bid, blk_off.to(torch.int32), max(nb, 1)
 
 
+def _input_scale_bits(amax_bits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(inverse-scale bits, scale bits, non-finite) of 2^ceil(log2(amax / 448)), exponent clamped to
+    [-63, 63] (so the kernel can change its accumulator between V scales exactly)."""
+    e = amax_bits >> 23
+    bad = e == 255
+    t = e - 8 + ((amax_bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    t = t.clamp(127 - SCALE_EXP_LIMIT, 127 + SCALE_EXP_LIMIT)
+    return (254 - t) << 23, torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23), bad
+
+
 def quantize_jagged(x: Tensor, offsets: Tensor, block: int = DEFAULT_QUANT_BLOCK) -> Fp8Jagged:
     """e4m3 with a power-of-two scale per (row block of ``block`` tokens, head); blocks holding NaN/Inf
     get a NaN scale and NaN codes (they decode to NaN)."""
@@ -79,7 +90,7 @@ def quantize_jagged(x: Tensor, offsets: Tensor, block: int = DEFAULT_QUANT_BLOCK
     amax_tok = xf.abs().amax(-1)  # [ΣL, H]
     amax = torch.zeros(nb, heads, dtype=torch.float32, device=x.device)
     amax.scatter_reduce_(0, bid[:, None].expand(total, heads), amax_tok, reduce="amax", include_self=True)
-    inv, sbits, bad = _scale_bits_ref(amax.view(torch.int32) & 0x7FFFFFFF, e8m0=False)
+    inv, sbits, bad = _input_scale_bits(amax.view(torch.int32) & 0x7FFFFFFF)
     inv_tok = _f32_from_bits(inv)[bid]  # [ΣL, H]
     data = (xf * inv_tok[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
     data = data.masked_fill(bad[bid][:, :, None], _NAN_CODE).view(torch.float8_e4m3fn)

@@ -12,7 +12,9 @@ Same structure, masks and bias as ``kernels.attention_triton_fwd``; the differen
   memory; Triton's FP8 attention tutorial stores V the same way).
 * softmax: P = exp2(s - m) is in [0, 1]; it is stored as e4m3 of ``P * P_SCALE`` (a fixed power of two,
   FA3's FP8 recipe) and the output is divided by ``P_SCALE`` at the end. The row sum ``l`` adds the
-  unquantized fp32 P.
+  unquantized fp32 P. The accumulator is kept in units of the current tile's V scale (rescaled by the
+  ratio of consecutive power-of-two scales together with the online-softmax rescale, which is exact),
+  so each PV product accumulates in place on the tensor cores.
 * silu/gelu: act(s) is unbounded, so each tile's P gets one power-of-two scale per query row
   (non-saturating, ``kernels.mx`` rule), which factors out of the PV product.
 
@@ -39,7 +41,9 @@ from kernels.attention_triton_common import (
 )
 from kernels.mx_triton import _encode_e4m3, _scale_from_amax
 
-P_SCALE = 256.0  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
+P_SCALE: tl.constexpr = tl.constexpr(256.0)  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
+# Input scale exponents are clamped to [-63, 63], so the ratio of two scales is a normal fp32 number.
+SCALE_EXP_LIMIT: tl.constexpr = tl.constexpr(63)
 
 
 def _configs() -> list[triton.Config]:
@@ -60,6 +64,17 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
     qb = kwargs["QUANT_BLOCK"]
     keep = [c for c in configs if qb % c.kwargs["BLOCK_N"] == 0]
     return _smem(keep or [triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2)], nargs, **kwargs)
+
+
+@triton.jit
+def input_scale(amax_bits):
+    """Power-of-two scale 2^ceil(log2(amax / 448)) (``kernels.mx`` rule), exponent clamped to
+    [-SCALE_EXP_LIMIT, SCALE_EXP_LIMIT]: (inverse-scale bits, scale bits, non-finite)."""
+    e = amax_bits >> 23
+    bad = e == 255
+    t = e - 8 + ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    t = tl.minimum(tl.maximum(t, 127 - SCALE_EXP_LIMIT), 127 + SCALE_EXP_LIMIT)
+    return (254 - t) << 23, tl.where(bad, 0x7FC00000, t << 23), bad
 
 
 @triton.jit
@@ -131,6 +146,8 @@ def jagged_attn_fp8_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # V scale of the accumulator's units (softmax path); 1.0 when the row has no key to visit
+    sv_acc = tl.load(SV + (kb0 + lo // QUANT_BLOCK) * H + h, mask=lo < hi, other=1.0)
 
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -159,10 +176,11 @@ def jagged_attn_fp8_fwd_kernel(
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
+            acc = acc * (alpha * (sv_acc / sv))[:, None]  # powers of two: exact change of units
+            sv_acc = sv
             m_i = m_new
             p8 = _to_e4m3(p * P_SCALE, EXACT_CVT)
-            acc += tl.dot(p8, v) * sv
+            acc = tl.dot(p8, v, acc)
         else:
             p = tl.where(ok, act_fwd(s, ACT), 0.0)
             amax = tl.max(p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
@@ -173,7 +191,7 @@ def jagged_attn_fp8_fwd_kernel(
 
     if ACT == 0:
         has = l_i > 0.0
-        out = acc / (tl.where(has, l_i, 1.0) * P_SCALE)[:, None]
+        out = (acc * sv_acc) / (tl.where(has, l_i, 1.0) * P_SCALE)[:, None]
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
         tl.store(LSE + (q_start + offs_m) * H + h, lse, mask=m_ok)
     else:
@@ -208,7 +226,7 @@ def jagged_quant_kernel(
     ptrs = offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
     x = tl.load(X + ptrs, mask=ok, other=0.0).to(tl.float32)
     amax = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)  # NaN > Inf > finite
-    inv, stored, bad = _scale_from_amax(amax, False)
+    inv, stored, bad = input_scale(amax)
     y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
     code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
     tl.store(OUT + ptrs, code, mask=ok)

@@ -236,3 +236,19 @@ def test_custom_op_compiles_counts_flops_and_checkpoints():
     q.grad = None
     eager.sum().backward()
     torch.testing.assert_close(dq, q.grad)
+
+
+def test_v_blocks_of_very_different_scales_and_zero_blocks():
+    # The kernel keeps its accumulator in units of the current V block's scale; jumps between blocks
+    # (2^20, all-zero, 2^-20) must change units exactly.
+    p = make_problem(7, [10, 200], [10, 200], bias=False)
+    v = p.v.float().clone()
+    v[10:74] *= 2.0**20
+    v[74:138] = 0.0
+    v[138:] *= 2.0**-20
+    args = (p.q.float(), p.k.float(), v, p.q_offsets, p.kv_offsets)
+    out = jagged_attention_fp8(*args, impl="triton", quant_block=64)
+    ref = jagged_attention_fp8_ref(*args, quant_block=64, tile_n=INTERPRET_TILE_N)
+    assert bool(out.isfinite().all())
+    assert rel_err(out, ref.double()) <= 1e-5
+    assert quantize_jagged(v, p.kv_offsets, 64).scale[2].tolist() == [2.0**-63] * 2  # zero block: clamped scale

@@ -41,6 +41,7 @@ def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: b
             x.contiguous(), data, data if data_t is None else data_t, scale, offsets, blk_off, work,
             0 if data_t is None else data_t.stride(0), H=heads, HEAD_DIM=dim,
             BLOCK_D=max(16, triton.next_power_of_2(dim)), QUANT_BLOCK=block, TRANSPOSED=transposed,
+            num_warps=8 if block * dim >= 8192 else 4,  # a 128x128 fp32 tile would spill with 4 warps
         )
     f8 = torch.float8_e4m3fn
     return Fp8Jagged(data.view(f8), scale.view(torch.float32), blk_off), None if data_t is None else data_t.view(f8)

@@ -144,7 +144,11 @@ def _bias(bias: RelativeBias, q_pos: torch.Tensor, k_pos: torch.Tensor, qi: torc
     """Bias [n, H, Lq, Lkv] gathered from the tables (differentiable with respect to them)."""
     total: torch.Tensor | None = None
     if bias.pos_weight is not None:
-        buckets = pos_bucket(q_pos - k_pos, bias.pos_weight.shape[0])  # [n, Lq, Lkv]
+        if bool((q_pos[:, :1] == q_pos[:1, :1]).all()):
+            # Every row places its queries alike (self-attention): one [1, Lq, Lkv] gather serves the chunk,
+            # which also keeps the table's backward scatter n times smaller.
+            q_pos = q_pos[:1]
+        buckets = pos_bucket(q_pos - k_pos, bias.pos_weight.shape[0])  # [n or 1, Lq, Lkv]
         total = bias.pos_weight[buckets].permute(0, 3, 1, 2)
     if bias.time_weight is not None:
         assert bias.q_timestamps is not None and bias.kv_timestamps is not None

@@ -252,3 +252,18 @@ def test_v_blocks_of_very_different_scales_and_zero_blocks():
     assert bool(out.isfinite().all())
     assert rel_err(out, ref.double()) <= 1e-5
     assert quantize_jagged(v, p.kv_offsets, 64).scale[2].tolist() == [2.0**-63] * 2  # zero block: clamped scale
+
+
+def test_benchmark_fp8_case_runs_on_the_interpreter(monkeypatch, capsys):
+    # The device benchmark's per-case code (kernel-only call on pre-quantized inputs included), on CPU.
+    import benchmarks.attention as bench
+    from kernels import attention_impl
+
+    monkeypatch.setattr(bench, "cuda_time", lambda fn, reps=10, warmup=2: (fn(), 1.0)[1])
+    p = make_problem(9, [24, 9, 40], [24, 9, 40])
+    q, k, v = (t.half() for t in (p.q, p.k, p.v))
+    kw = dict(causal=True, bias=_bias(p), max_q_len=40, max_kv_len=40)
+    with attention_impl("triton"):
+        *times, err_fp8, err_bf = bench._fp8_case(q, k, v, p.q_offsets, p.kv_offsets, kw, 64, True)
+    assert times == [1.0] * 4 and "disagree" not in capsys.readouterr().out
+    assert err_bf < 0.01 < err_fp8 <= FP8_REL_BOUND

@@ -38,12 +38,13 @@ from features.errors import GemtrainError
 from features.schema import FeatureSchema
 from ingest.batch import JaggedBatch
 from ingest.batching import row_events, token_batches
-from ingest.convert import list_offsets, table_to_batch
+from ingest.convert import table_to_batch
 from ingest.errors import BadFileError, DataError
 from ingest.listing import FileRef, list_files
 from ingest.plan import REMAINDER_POLICIES, EpochPlan, ReadSlice, fresh_pieces
 from ingest.reader import RetryPolicy, read_footers, read_row_group
 from ingest.stats import LoaderStats, QuarantineRecord
+from ingest.window import concat_tables, split_rows, take_rows, window_rows
 
 STATE_VERSION = 1
 NONFINITE_POLICIES = ("error", "zero")
@@ -302,7 +303,7 @@ class Loader:
             have += task.rows
             while w < plan.num_windows and have >= plan.window_len(w):
                 n = plan.window_len(w)
-                window, pending = _split(pending, n)
+                window, pending = split_rows(pending, n)
                 have -= n
                 if self._token_mode:
                     yield from self._token_window(plan, w, window, skip)
@@ -312,16 +313,16 @@ class Loader:
                             acc.append(part)
                         acc_pos += positions
                         if acc_pos == self.config.batch_size:
-                            yield _concat(acc, self.schema), {"positions": acc_pos}
+                            yield concat_tables(acc, self.schema), {"positions": acc_pos}
                             acc, acc_pos = [], 0
                 skip = 0
                 w += 1
         if acc_pos:
-            yield _concat(acc, self.schema), {"positions": acc_pos}
+            yield concat_tables(acc, self.schema), {"positions": acc_pos}
 
     def _fixed_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
         """(rows table or None, stream positions) pieces in emission order, cut at batch boundaries."""
-        table, valid = _window_table(window)
+        table, valid = window_rows(window)
         perm = plan.window_perm(self.rank, w)
         i = skip
         bs = self.config.batch_size
@@ -341,14 +342,14 @@ class Loader:
             else:
                 rows = idx
             # A batch's membership is random; inside it rows keep stream order (cheaper gathers).
-            yield _take(table, np.sort(rows)), n
+            yield take_rows(table, np.sort(rows)), n
 
     def _pos_in_batch(self, plan: EpochPlan, w: int, skip: int) -> int:
         # Positions already in the open batch when window `w` starts (batches run across windows).
         return (w * plan.window_rows + skip) % self.config.batch_size
 
     def _token_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
-        table, valid = _window_table(window)
+        table, valid = window_rows(window)
         perm = plan.window_perm(self.rank, w)
         if valid is not None:
             perm = perm[valid[perm]]
@@ -364,7 +365,7 @@ class Loader:
         for b, g in enumerate(groups):
             if b < skip:
                 continue
-            yield (_take(table, np.sort(rows[g])),
+            yield (take_rows(table, np.sort(rows[g])),
                    {"window": w, "local": perm[g].tolist(), "last": b == len(groups) - 1})
 
     # ---- state -----------------------------------------------------------------------------
@@ -486,73 +487,3 @@ def _dense_columns(schema: FeatureSchema) -> list[tuple[str, int, int]]:
         out.append((f.name, col, w))
         col += w
     return out
-
-
-def _split(pending: list[tuple[pa.Table | None, int]], n: int):
-    """The first `n` rows of the pending parts, and the rest."""
-    out, rest, need = [], [], n
-    for i, (t, rows) in enumerate(pending):
-        if need == 0:
-            rest = pending[i:]
-            break
-        if rows <= need:
-            out.append((t, rows))
-            need -= rows
-        else:
-            out.append((None if t is None else t.slice(0, need), need))
-            rest = [(None if t is None else t.slice(need), rows - need)] + pending[i + 1:]
-            need = 0
-            break
-    return out, rest
-
-
-class _Rows:
-    """A window's rows as record batches (zero-copy pieces of the row groups read)."""
-
-    def __init__(self, tables: list[pa.Table]):
-        self.batches = [rb for t in tables for rb in t.to_batches() if rb.num_rows]
-        self.starts = np.cumsum([0] + [rb.num_rows for rb in self.batches]).astype(np.int64)
-        self.lengths_cache: dict[str, np.ndarray] = {}
-
-    def column_lengths(self, column: str) -> np.ndarray:
-        if column not in self.lengths_cache:
-            parts = []
-            for rb in self.batches:
-                offs, valid = list_offsets(rb.column(column))
-                ln = np.diff(offs.astype(np.int64))
-                parts.append(np.where(valid, ln, 0) if valid is not None else ln)
-            self.lengths_cache[column] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        return self.lengths_cache[column]
-
-
-def _window_table(window: list[tuple[pa.Table | None, int]]):
-    tables = [t for t, _ in window if t is not None]
-    valid = None
-    if len(tables) != len(window):
-        valid = np.concatenate([np.full(n, t is not None) for t, n in window]) if window \
-            else np.zeros(0, bool)
-    return (_Rows(tables) if tables else None), valid
-
-
-def _take(rows_of: _Rows | None, rows: np.ndarray) -> pa.Table | None:
-    """Rows (ascending) of a window: slices where they are contiguous, else one gather per batch."""
-    if rows_of is None or len(rows) == 0:
-        return None
-    k = np.searchsorted(rows_of.starts, rows, side="right") - 1
-    cut = np.flatnonzero(np.diff(k)) + 1
-    parts = []
-    for grp in np.split(np.arange(len(rows)), cut):
-        b = int(k[grp[0]])
-        local = rows[grp] - rows_of.starts[b]
-        rb = rows_of.batches[b]
-        if local[-1] - local[0] == len(local) - 1:
-            parts.append(rb.slice(int(local[0]), len(local)))
-        else:
-            parts.append(rb.take(pa.array(local, type=pa.int64())))
-    return pa.Table.from_batches(parts)
-
-
-def _concat(parts: list[pa.Table], schema: FeatureSchema) -> pa.Table:
-    if not parts:
-        return schema.arrow_schema().empty_table()
-    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import os
+from urllib.parse import urlparse
 
 import pytest
 
 from tests.faults.fault_proxy import FaultPlan, FaultProxy
 
 
-@pytest.fixture(scope="module")
-def s3_upstream():
-    from moto.server import ThreadedMotoServer
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        os.environ.setdefault(k, v)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        yield server.get_host_and_port()
-    finally:
-        server.stop()
+@pytest.fixture(scope="session")
+def s3_upstream(s3_server):
+    """(host, port) of the shared moto S3 server (tests/conftest.py), for the proxy to forward to."""
+    endpoint = urlparse(s3_server["client_kwargs"]["endpoint_url"])
+    return endpoint.hostname, endpoint.port
 
 
 @pytest.fixture

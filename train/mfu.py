@@ -13,6 +13,7 @@ following the usual convention.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,8 +53,22 @@ def device_peak_flops(device: torch.device | str | None = None, override_tflops:
     return None
 
 
+# Modules whose import registers FLOP formulas for our custom ops. FlopCounterMode copies the formula
+# registry when it is created, so they must be imported before the counter is made.
+_FLOP_FORMULA_MODULES = ("kernels.attention_op", "kernels.attention_fp8_op")
+
+
+def _register_custom_op_flops() -> None:
+    for name in _FLOP_FORMULA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # no Triton here: the custom ops cannot run either
+            pass
+
+
 def count_flops(fn: Callable[[], object]) -> tuple[int, dict[str, int]]:
     """FLOPs of running `fn` once (forward and whatever backward it does), total and per module."""
+    _register_custom_op_flops()
     counter = FlopCounterMode(display=False)
     with counter:
         fn()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 from torch import nn
 
+from tests.conftest import REPO
 from train.mfu import (
     LayerMFU,
     capture_block_inputs,
@@ -71,3 +76,27 @@ def test_cpu_has_no_peak():
     assert device_peak_flops("cpu") is None
     r = mfu_report(step_flops=1, step_seconds=1.0, device="cpu")
     assert r.end_to_end_mfu is None and r.local_mfu is None and r.scaling_ratio is None
+
+
+def test_attention_custom_op_flops_are_counted_in_a_fresh_process():
+    # The jagged attention custom op registers its FLOP formula when its module is first imported, and
+    # FlopCounterMode copies the registry when created: count_flops must import it first. A fresh process,
+    # so no other test has imported the op module already.
+    code = """
+import sys, torch
+from train.mfu import count_flops
+import kernels
+assert "kernels.attention_op" not in sys.modules
+from kernels import attention_impl, jagged_attention_flops
+torch.manual_seed(0)
+offsets = torch.tensor([0, 3, 8])
+q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
+with attention_impl("triton"):
+    flops, _ = count_flops(lambda: kernels.jagged_attention(q, k, v, offsets, offsets, causal=False))
+expected = jagged_attention_flops(offsets, offsets, 2, 16, causal=False)
+print(flops, expected)
+assert flops == expected > 0, (flops, expected)
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -21,7 +21,9 @@ def test_demo_config_loads_with_typed_overrides():
 
 
 def test_unknown_key_names_key_file_line_and_allowed(tmp_path):
-    text = DEMO_CONFIG.read_text().replace("  log_every: 25", "  log_every: 25\n  stpes: 3")
+    text = DEMO_CONFIG.read_text()
+    assert "\ntrain:\n" in text
+    text = text.replace("\ntrain:\n", "\ntrain:\n  stpes: 3\n")
     p = tmp_path / "bad.yaml"
     p.write_text(text)
     with pytest.raises(ConfigError) as e:

@@ -407,7 +407,7 @@ def run_balance(tiny: bool, ranks: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         write_synthetic(schema, d, rows, seed=3, files=ranks, row_group_rows=batch * steps // 4)
         fixed = balance(schema, d, ranks, batch, None, steps)
-        events = rows and _mean_events(schema, d)
+        events = _mean_events(schema, d)
         budget = int(round(batch * events))
         token = balance(schema, d, ranks, 4 * batch, budget, steps)
     return {"schema": label, "ranks": ranks, "rows": rows, "batch_size": batch, "token_budget": budget,

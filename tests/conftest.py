@@ -9,6 +9,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = REPO / "schemas"
+# The shared team folder sits beside the checkout (CI lays a copy there); /work/shared in development.
+SHARED = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if (p / "data").is_dir()),
+              REPO.parent / "shared")
+BAD_PARQUET_DIR = SHARED / "data" / "bad-parquet"
 os.environ.setdefault("PYTHONHASHSEED", "0")
 # Tests run the Triton kernels on CPU through the interpreter. The flag is read when a kernel is
 # defined, so it must be set before any test module imports triton (set it to 0 to test on a GPU).

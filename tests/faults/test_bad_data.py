@@ -17,9 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import BAD_PARQUET_DIR
 from tests.faults.test_process_faults import CONFIG, SCHEMA
 
-BAD_SHARED = Path("/work/shared/data/bad-parquet/ARROW-GH-41317.parquet")
+BAD_SHARED = BAD_PARQUET_DIR / "ARROW-GH-41317.parquet"
 GOOD, RG = 96, 24  # good rows (2 files x 2 row groups of 24)
 LONG, DRIFT = 24, 30  # rows of the long-history / NaN file, of the schema-drift file
 MAX_LEN = 12  # history max_length in tiny_schema.yaml

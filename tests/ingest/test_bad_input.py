@@ -14,9 +14,15 @@ from ingest import reader
 from ingest.errors import BadFileError
 from ingest.loader import Loader, LoaderConfig
 from ingest.synth import generate_table, write_synthetic
+from tests.conftest import BAD_PARQUET_DIR
 
-BAD_DIR = Path("/work/shared/data/bad-parquet")
+BAD_DIR = BAD_PARQUET_DIR
 GOOD_ROWS = 200
+
+
+def test_the_shared_bad_files_are_there():
+    # Guards the parametrised tests below against silently running over no files.
+    assert len(list(BAD_DIR.glob("*.parquet"))) >= 5, f"no bad Parquet files under {BAD_DIR}"
 
 
 def _dataset(schema, root: Path) -> Path:

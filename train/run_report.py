@@ -114,6 +114,9 @@ def write_report(run_dir: str | Path, history: list[dict], summary: dict) -> Pat
                                    "attention work padded / jagged", "truncated events"]))
         parts.append("<p>Jagged batches carry only the real events; a padded layout would process the padded "
                      "counts above.</p>")
+        if summary.get("padding_report"):
+            parts.append('<p>The full padding report of these batches: '
+                         '<a href="padding_report.html">padding_report.html</a>.</p>')
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}th{background:#eee}")
     doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>gemtrain {html.escape(str(summary.get('name')))}"

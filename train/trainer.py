@@ -327,6 +327,13 @@ class Trainer:
         if c.logging.report:
             from train.run_report import write_report
 
+            if self.padding.sequences:
+                from train.padding_report import render_padding_html
+
+                page = render_padding_html(self.padding, schema=self.schema, token_dim=c.model.d_model,
+                                           title=f"Padding seen by training: {c.name}")
+                (self.run_dir / "padding_report.html").write_text(page)
+                summary["padding_report"] = str(self.run_dir / "padding_report.html")
             summary["report"] = str(write_report(self.run_dir, self._history, summary))
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
         return summary
@@ -405,6 +412,9 @@ class Trainer:
             rec[f"ne/{t}"] = r["ne"]
             rec[f"auc/{t}"] = r["auc"]
             rec[f"calibration/{t}"] = r["calibration"]
+        for name, seq in self.padding.sequences.items():  # cumulative over the batches seen
+            rec[f"padding_share/{name}"] = seq.padding_waste_batch_max
+            rec[f"attn_padded_over_jagged/{name}"] = seq.attn_saving_batch_max
         self._emit(rec)
         return rec
 

@@ -37,8 +37,13 @@ def test_demo_then_eval_end_to_end(tmp_path):
     assert comparison["ne_with_history"] == summary["eval"]["click"]["ne"]
     html = (run / "report.html").read_text()
     assert "data:image/png;base64," in html and "Padding savings" in html
+    assert 'href="padding_report.html"' in html
+    padding_page = (run / "padding_report.html").read_text()
+    assert "Padding seen by training" in padding_page and "pad to batch max" in padding_page
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["step"] == 5 and "events_per_s" in json.loads(lines[0])
+    first = json.loads(lines[0])
+    assert first["step"] == 5 and "events_per_s" in first
+    assert 0.0 < first["padding_share/history"] < 1.0 and first["attn_padded_over_jagged/history"] > 1.0
 
     # eval of the newest checkpoint, given the run dir
     p = _gemtrain("eval", str(DEMO_CONFIG), "--checkpoint", str(run), *over)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from features.schema import FeatureSchema
 from ingest.errors import BadFileError, DataError
+from ingest.listing import list_files
 
 __all__ = ["LengthScan", "list_parquet_files", "open_parquet", "scan_lengths"]
 
@@ -41,26 +42,9 @@ class LengthScan:
 
 
 def list_parquet_files(url: str | list[str], storage_options: dict | None = None):
-    """`(filesystem, [paths])` of the Parquet files at a URL: one file, a folder (recursive) or a glob."""
-    import fsspec
-
-    urls = [url] if isinstance(url, str) else list(url)
-    fs, paths = None, []
-    for u in urls:
-        fs_u, path = fsspec.core.url_to_fs(u, **(storage_options or {}))
-        fs = fs or fs_u
-        if any(ch in path for ch in "*?["):
-            found = sorted(fs_u.glob(path))
-        elif fs_u.isdir(path):
-            found = sorted(p for p in fs_u.find(path) if p.endswith((".parquet", ".parq", ".pq")))
-        elif fs_u.exists(path):
-            found = [path]
-        else:
-            raise DataError(f"{u}: no such file or folder (give a Parquet file, a folder of them or a glob)")
-        if not found:
-            raise DataError(f"{u}: no Parquet files found there (files must end in .parquet)")
-        paths += found
-    return fs, paths
+    """`(filesystem, [paths])` of the Parquet files at a URL (`ingest.listing.list_files` decides which)."""
+    refs = list_files(url, storage_options)
+    return refs[0].fs, [r.path for r in refs]
 
 
 def open_parquet(fs, path: str) -> pq.ParquetFile:

@@ -351,6 +351,8 @@ class Fp8Linear(nn.Linear):
             raise Fp8LinearError(
                 f"Fp8Linear: input's last dim is {x.shape[-1]}, layer expects in_features={self.in_features}")
         lead = x.shape[:-1]
+        if x.numel() == 0:  # no tokens (an MoE expert that got none): nothing to quantize or scale
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
                                f"Fp8Linear({self.in_features}->{self.out_features})")
         return y.reshape(*lead, self.out_features)

@@ -145,3 +145,15 @@ def test_native_rowwise_pads_only_the_reduction_dim():
     assert _pad16(x, 1) is x  # 1024 columns: aligned already
     p = _pad16(x, 0)
     assert p.shape == (1008, 1024) and torch.equal(p[:1000], x) and (p[1000:] == 0).all()
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise", "rowwise", "bf16"])
+def test_no_tokens_gives_an_empty_output_and_zero_gradients(recipe):
+    # An MoE expert can receive no tokens in a step; the layer must not fail on an empty input.
+    layer = Fp8Linear(64, 32, config=Fp8Config(recipe=recipe, emulate=True))
+    x = torch.randn(0, 64, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (0, 32)
+    y.sum().backward()
+    assert x.grad.shape == (0, 64)
+    assert torch.count_nonzero(layer.weight.grad) == 0 and torch.count_nonzero(layer.bias.grad) == 0

@@ -101,6 +101,10 @@ class ModelConfig:
     use_history: bool = True  # False: the same model without the history (encoder, cross attention, summary)
     sequence_encoder: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
     cross_attention: CrossAttentionConfig = field(default_factory=CrossAttentionConfig)
+    # Target match token (model/match.py): recency-weighted count of history events whose id equals the
+    # candidate's id on a shared table (e.g. ad_category among history.item_category).
+    target_match: bool = True
+    target_match_positions: int = 64  # "events ago" buckets of its learnable recency weights
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     top_dim: int = 256

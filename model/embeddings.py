@@ -13,7 +13,7 @@ floats together. Everything is `d_model` wide.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -34,6 +34,10 @@ class History:
     offsets: torch.Tensor
     timestamps: torch.Tensor | None
     max_length: int  # the schema's upper bound of a row's length (no device sync needed)
+    # Raw (unprojected) table embeddings: the events' ids per KJT key ``[ΣL, dim]`` and the
+    # non-sequential id features per name ``[B, dim]`` (for target matching); empty once encoded.
+    ids: dict[str, torch.Tensor] = field(default_factory=dict)
+    targets: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def row_index(offsets: torch.Tensor, total: int) -> torch.Tensor:
@@ -181,7 +185,9 @@ class GEMEmbeddings(nn.Module):
             ts = batch.seq_timestamps.get(seq.name)
             floats = batch.seq_floats.get(seq.name)
             tokens = self.sequences[seq.name](unpooled, floats, offsets, ts)
-            histories.append(History(tokens=tokens, offsets=offsets, timestamps=ts, max_length=seq.max_length))
+            ids = {k: unpooled[k] for k in self.sequences[seq.name].keys}
+            histories.append(History(tokens=tokens, offsets=offsets, timestamps=ts, max_length=seq.max_length,
+                                     ids=ids, targets=pooled))
 
         toks = []
         for name, proj in self.id_proj.items():

@@ -24,6 +24,7 @@ from model.embeddings import GEMEmbeddings
 from model.encoder import HistorySummary, SequenceEncoder
 from model.interaction import Interaction
 from model.layers import MLP, Norm, linear_flops
+from model.match import TargetMatch, match_pairs
 from model.moe import MoE
 
 
@@ -88,7 +89,11 @@ class GEMModel(nn.Module):
         self.cross = nn.ModuleDict(
             {n: TargetCrossAttention(cfg, padded) for n in names} if cfg.cross_attention.enabled else {})
         self.summaries = nn.ModuleDict({n: HistorySummary(cfg.d_model) for n in names})
-        self.num_tokens = self.embeddings.num_tokens + len(names)
+        pairs = {s.name: match_pairs(schema, s) for s in schema.sequences if s.name in names}
+        self.matches = nn.ModuleDict(
+            {n: TargetMatch(p, cfg.d_model, cfg.target_match_positions) for n, p in pairs.items() if p}
+            if cfg.target_match else {})
+        self.num_tokens = self.embeddings.num_tokens + len(names) + len(self.matches)
         self.interaction = Interaction(self.num_tokens, cfg.d_model, cfg.interaction)
         self.top_in = nn.Linear(self.interaction.out_dim, cfg.top_dim)
         self.top_in.precision_kind = "mlp"
@@ -107,6 +112,8 @@ class GEMModel(nn.Module):
                 if seq.name in self.cross:
                     tokens = self.cross[seq.name](tokens, encoded)
                 summaries.append(self.summaries[seq.name](encoded))
+                if seq.name in self.matches:
+                    summaries.append(self.matches[seq.name](hist, hist.ids, hist.targets))
         if summaries:
             tokens = torch.cat([tokens, torch.stack(summaries, dim=1).to(tokens.dtype)], dim=1)
         x = self.top_in(self.interaction(tokens))
@@ -158,6 +165,8 @@ class GEMModel(nn.Module):
                 out["cross_attention"] += sum(self.cross[name].flops(
                     batch, self.embeddings.num_tokens, offsets, total).values())
             out["top"] += self.summaries[name].flops(batch)
+            if name in self.matches:
+                out["top"] += self.matches[name].flops(batch)
         out["interaction"] = self.interaction.flops(batch)
         out["top"] += linear_flops(self.top_in, batch) + sum(block.flops(batch) for block in self.top)
         out["heads"] = sum(head.flops(batch) for head in self.heads.values())

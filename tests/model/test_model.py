@@ -32,8 +32,10 @@ def test_torchrec_modules_built_from_the_schema(name):
     out = model(batch)
     assert out.logits.shape == (4, len(schema.labels)) and torch.isfinite(out.logits).all()
     # one token per id feature, per float_vector, one for the scalar floats, plus the history summary
+    # and the target match token (ad_category on the history's category table)
     n_ids = len(schema.id_features)
-    assert model.num_tokens == n_ids + 1 + 1 + 1
+    assert model.num_tokens == n_ids + 1 + 1 + 1 + 1
+    assert list(model.matches) == ["history"]
 
 
 def test_outputs_moe_aux_and_no_history_variant():
@@ -151,7 +153,8 @@ def test_two_sequences():
     batch = synth_batch(schema, rows=6, seed=0)
     torch.manual_seed(0)
     model = build_model(schema, {**SMALL, "sequence_encoder": {"num_layers": 1, "bias": {"time": True}}})
-    assert set(model.encoders) == {"clicks", "searches"} and model.num_tokens == 4 + 2
+    assert set(model.encoders) == {"clicks", "searches"} and model.num_tokens == 4 + 2 + 1
+    assert list(model.matches) == ["clicks"]  # ad_cat shares only the clicks' table
     assert model.embeddings.ec_single == {"ad_cat"}
     out = model(batch)
     assert out.logits.shape == (6, 1) and torch.isfinite(out.logits).all()

@@ -7,7 +7,7 @@ from train.cli import main
 
 def test_model_summary_prints_parameters_and_flops(capsys, repo_root):
     rc = main(["model", "summary", str(repo_root / "configs/demo.yaml"), "--rows", "16",
-               "--model.sequence_encoder.attention=block"])
+               "--model.sequence_encoder.attention=block", "--model.sequence_encoder.num_layers=1"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "sparse (torchrec tables)" in out and "dense total" in out

@@ -134,6 +134,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: dict[str, Any] = field(default_factory=dict)  # model.parallelize.ParallelConfig
+    precision: dict[str, Any] = field(default_factory=dict)  # train.precision.PrecisionPolicy; empty: bf16/fp32
     source: str = "<memory>"  # the YAML file this came from (not a key)
     model_dict: dict[str, Any] = field(default_factory=dict)  # the model section as written (not a key)
 

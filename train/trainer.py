@@ -144,6 +144,7 @@ class Trainer:
 
             model = build_model(self.schema, cfg.model, device=self.device)
         self.model = model.to(self.device)
+        self.precision_report = self._apply_precision(cfg)
         self.optimizer, self.dense_opt, self.dense_params, self.sparse_params = build_optimizer(self.model, cfg)
         self.autocast = self.device.type == "cuda" and cfg.train.bf16
         self.step = 0
@@ -157,6 +158,26 @@ class Trainer:
         self._history: list[dict] = []
 
     # ---- set-up -------------------------------------------------------------------------------
+    def _apply_precision(self, cfg: RunConfig):
+        """FP8 linear layers / attention per the `precision:` section (before the optimizer is built)."""
+        if not cfg.precision:
+            return None
+        from train.precision import PrecisionPolicy, PrecisionPolicyError, apply_precision_policy
+
+        # `--precision.emulate=true` on the command line arrives as a string
+        raw = {k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
+               for k, v in cfg.precision.items()}
+        try:
+            policy = PrecisionPolicy.from_dict(raw)
+            report = apply_precision_policy(self.model, policy)
+        except PrecisionPolicyError as e:
+            raise GemtrainError(f"{cfg.source}: precision: {e}") from None
+        recipes = sorted(set(report.converted.values()))
+        fp8_attn = sum(v == "fp8" for v in report.attention.values())
+        self.log(f"precision policy: {len(report.converted)} linear layers in {', '.join(recipes) or 'no FP8 recipe'}, "
+                 f"{len(report.kept)} kept in high precision, FP8 attention in {fp8_attn} attention blocks")
+        return report
+
     @staticmethod
     def _seed(seed: int) -> None:
         torch.manual_seed(seed)

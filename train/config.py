@@ -113,6 +113,7 @@ class EvalConfig:
 class CheckpointConfig:
     keep_last: int = 3
     at_end: bool = True
+    url: str = ""  # where checkpoints go (any fsspec URL, e.g. s3://bucket/run); default: the run dir
 
 
 @dataclass

@@ -127,6 +127,8 @@ class Trainer:
                  model: nn.Module | None = None, quiet: bool = False):
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else Path("runs") / cfg.name
+        # Checkpoints live under the run dir unless checkpoint.url names another place (local or object store).
+        self.checkpoint_root: str | Path = cfg.checkpoint.url.rstrip("/") or self.run_dir
         self.resume = resume
         self.log = (lambda _m: None) if quiet else log_stderr
         self.schema: FeatureSchema = load_schema(cfg.schema_path())
@@ -217,7 +219,7 @@ class Trainer:
                                 "total": self.cfg.train.steps, "base_lr": self.cfg.optim.lr, "step": self.step}}
 
     def save_checkpoint(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.model.state_dict(), self.optimizer.state_dict(),
+        path = ckpt.save_checkpoint(self.checkpoint_root, self.step, self.model.state_dict(), self.optimizer.state_dict(),
                                     self._trainer_state(), self.cfg.checkpoint.keep_last)
         self.log(f"checkpoint: {path}")
         return path
@@ -284,9 +286,9 @@ class Trainer:
         t_start, cpu_start = time.perf_counter(), time.process_time()
         ensure_synthetic(c, self.schema, self.log)
         if self.resume:
-            latest = ckpt.latest_checkpoint(self.run_dir)
+            latest = ckpt.latest_checkpoint(self.checkpoint_root)
             if latest is None:
-                self.log(f"resume: no complete checkpoint under {self.run_dir}; starting from step 0")
+                self.log(f"resume: no complete checkpoint under {self.checkpoint_root}; starting from step 0")
             else:
                 self.load_checkpoint(latest)
                 self.log(f"resumed from {latest} (step {self.step})")

@@ -322,7 +322,7 @@ class Trainer:
                 if lstate is not None:
                     self.loader_state = lstate
                 if self.step % c.train.log_every == 0 or self.step == total:
-                    rec = self._log_train(win, train_metrics)
+                    rec = self._log_train(win, train_metrics, batch)
                     train_metrics.reset()
                     win = _Window()
                     if pbar is not None:
@@ -418,7 +418,20 @@ class Trainer:
             return True
         return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
-    def _log_train(self, win: _Window, metrics: TaskMetrics) -> dict:
+    def _achieved_flops(self, batch: JaggedBatch, events: int, seconds: float) -> tuple[float, float | None]:
+        """(training TFLOP/s, end-to-end MFU or None) of a log window, from the model's FLOP count of the
+        window's last batch scaled to the window's events (one count per log line keeps the loop sync-free)."""
+        count = getattr(self.model, "forward_flops", None)
+        if count is None:
+            return float("nan"), None
+        from train.mfu import device_peak_flops
+
+        per_event = 3 * count(batch)["total"] / max(1, real_events(batch))  # forward + backward = 3x forward
+        achieved = per_event * events / seconds
+        peak = device_peak_flops(self.device)
+        return achieved / 1e12, (achieved / peak if peak else None)
+
+    def _log_train(self, win: _Window, metrics: TaskMetrics, batch: JaggedBatch | None = None) -> dict:
         dt = max(time.perf_counter() - win.t0, 1e-9)
         good = max(1, win.ok_steps)
         m = metrics.compute()
@@ -435,6 +448,11 @@ class Trainer:
             rec[f"ne/{t}"] = r["ne"]
             rec[f"auc/{t}"] = r["auc"]
             rec[f"calibration/{t}"] = r["calibration"]
+        if batch is not None and win.events:
+            tflops, mfu = self._achieved_flops(batch, win.events, dt)
+            rec["tflops_per_s"] = tflops
+            if mfu is not None:
+                rec["mfu"] = mfu
         for name, seq in self.padding.sequences.items():  # cumulative over the batches seen
             rec[f"padding_share/{name}"] = seq.padding_waste_batch_max
             rec[f"attn_padded_over_jagged/{name}"] = seq.attn_saving_batch_max

@@ -14,6 +14,8 @@ def test_trainer_writes_tensorboard_scalars(tiny_cfg, tmp_path):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in ("train/loss", "train/ne/click", "train/auc/click", "train/examples_per_s",
-                "train/events_per_s", "train/padding_share/history", "train/attn_padded_over_jagged/history"):
+                "train/events_per_s", "train/tflops_per_s", "train/padding_share/history",
+                "train/attn_padded_over_jagged/history"):
         assert tag in tags, sorted(tags)
     assert [e.step for e in acc.Scalars("train/loss")] == [2, 4]
+    assert all(e.value > 0 for e in acc.Scalars("train/tflops_per_s"))  # model FLOPs over the window's time

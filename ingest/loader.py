@@ -67,6 +67,9 @@ class LoaderConfig:
     storage_options: dict = field(default_factory=dict)
     retries: int = 4  # attempts per read on transient storage errors
     nonfinite: str = "error"  # NaN/Inf in dense features: "error", or "zero" (replace by 0 and count)
+    # Files written without page checksums are bad files (error or quarantine): a flipped bit in them
+    # would reach training unnoticed.
+    require_page_checksums: bool = False
 
     def __post_init__(self) -> None:
         def bad(what: str) -> GemtrainError:
@@ -169,7 +172,8 @@ class Loader:
     # ---- discovery -------------------------------------------------------------------------
     def _discover(self) -> None:
         refs = list_files(self.config.url, self.config.storage_options)
-        footers = read_footers(refs, self.schema.arrow_schema(), self._policy)
+        footers = read_footers(refs, self.schema.arrow_schema(), self._policy,
+                               require_checksums=self.config.require_page_checksums)
         self.files: list[FileRef] = []
         self._metadata = []
         self.units: list[WorkUnit] = []

@@ -291,3 +291,20 @@ def chunk_list_lengths(buf, md_column, layout: LevelLayout, num_rows: int) -> np
         hit = (idx < starts.size) & (starts[np.minimum(idx, starts.size - 1)] == empty)
         lengths[idx[hit]] = 0
     return lengths
+
+
+def first_page_has_crc(fh, metadata: pq.FileMetaData) -> bool | None:
+    """Whether the file's first page header carries a CRC (the writer had page checksums on).
+
+    Writers set checksums for a whole file, so the first page speaks for all of them. None when the
+    file has no pages to look at (no row groups or no columns)."""
+    if metadata.num_row_groups == 0 or metadata.num_columns == 0:
+        return None
+    chunk = metadata.row_group(0).column(0)
+    offset = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    if offset is None or offset < 0:
+        return None
+    fh.seek(offset)
+    head = fh.read(512)  # a page header is a few dozen bytes
+    hdr, _ = _struct(head, 0, {1: "type", 4: "crc"})
+    return "crc" in hdr

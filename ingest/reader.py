@@ -88,11 +88,21 @@ class Footer:
     rows: int | None = None  # rows in the file when known (a bad file's lost rows)
 
 
-def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy) -> Footer:
-    """The footer of `ref`, its row-group sizes, and the check of its schema against `expected`."""
+def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy, require_checksums: bool = False) -> Footer:
+    """The footer of `ref`, its row-group sizes, and the check of its schema against `expected`.
+
+    With `require_checksums`, a file written without page checksums is bad too: a flipped bit in it
+    could not be detected and would reach training as wrong values."""
+    crc: list[bool | None] = [None]
+
     def load() -> pq.FileMetaData:
         with ref.fs.open(ref.path, "rb") as fh:
-            return pq.ParquetFile(fh).metadata
+            md = pq.ParquetFile(fh).metadata
+            if require_checksums:
+                from ingest.parquet_levels import first_page_has_crc
+
+                crc[0] = first_page_has_crc(fh, md)
+            return md
 
     try:
         md = with_retries(load, policy)
@@ -108,15 +118,24 @@ def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy) -> Foote
         return Footer(ref, None, rows, rows=md.num_rows,
                       error="schema mismatch: " + "; ".join(str(p) for p in problems[:5])
                       + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+    if require_checksums and crc[0] is False:
+        return Footer(ref, None, rows, rows=md.num_rows,
+                      error="written without page checksums, so corruption in it cannot be detected "
+                            "(rewrite it with page checksums, e.g. pyarrow write_page_checksum=True, "
+                            "or set the loader's require_page_checksums: false)")
     return Footer(ref, md, rows, rows=md.num_rows)
 
 
-def read_footers(refs: list[FileRef], expected: pa.Schema, policy: RetryPolicy, threads: int = 16) -> list[Footer]:
+def read_footers(refs: list[FileRef], expected: pa.Schema, policy: RetryPolicy, threads: int = 16,
+                 require_checksums: bool = False) -> list[Footer]:
     """Footers of all files, fetched in parallel, in the order of `refs`."""
+    def one(r: FileRef) -> Footer:
+        return read_footer(r, expected, policy, require_checksums)
+
     if len(refs) <= 1:
-        return [read_footer(r, expected, policy) for r in refs]
+        return [one(r) for r in refs]
     with ThreadPoolExecutor(max_workers=min(threads, len(refs))) as ex:
-        return list(ex.map(lambda r: read_footer(r, expected, policy), refs))
+        return list(ex.map(one, refs))
 
 
 def read_row_group(ref: FileRef, metadata: pq.FileMetaData, row_group: int, columns: list[str],

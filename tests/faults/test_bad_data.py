@@ -146,6 +146,37 @@ def test_bit_flip_without_page_checksums_goes_undetected(schema, tmp_path):
             assert ids[:24] == list(range(24)) and ids[24:] != list(range(24, 48))  # silently wrong
 
 
+def test_require_page_checksums_refuses_files_written_without_them(schema, tmp_path):
+    """With require_page_checksums, a file that could be corrupted undetectably never reaches training:
+    a hard error naming it, or (quarantine) all its rows accounted as lost with the reason."""
+    from ingest.errors import BadFileError
+    from ingest.loader import Loader, LoaderConfig
+    from ingest.synth import generate_table
+
+    root = tmp_path / "mixed"
+    root.mkdir()
+    _write(generate_table(schema, 48, seed=1), root / "a.parquet", checksums=True, row_group_size=24)
+    _write(generate_table(schema, 30, seed=2, start_row=48), root / "b.parquet", checksums=False, row_group_size=15)
+    _flip(root / "b.parquet", row_group=1)  # undetectable without checksums: the option must stop it
+
+    def config(**kw):
+        return LoaderConfig(url=str(root), batch_size=16, shuffle=False, num_threads=0,
+                            require_page_checksums=True, **kw)
+
+    with pytest.raises(BadFileError, match="b.parquet.*without page checksums"):
+        list(Loader(schema, config()))
+    loader = Loader(schema, config(on_bad_file="quarantine"))
+    ids = [i for b in loader for i in b.row_ids.tolist()]
+    s = loader.stats
+    assert ids == list(range(48))  # a.parquet read whole and right
+    assert s.rows_read == 48 and s.rows_quarantined == 30 and s.rows_read + s.rows_quarantined == 78
+    assert [q.path.rsplit("/", 1)[-1] for q in s.quarantined] == ["b.parquet"]
+    assert "without page checksums" in s.quarantined[0].reason
+    # the default keeps reading such files (the test above shows what that risks)
+    default = Loader(schema, LoaderConfig(url=str(root), batch_size=16, shuffle=False, num_threads=0))
+    assert sum(b.batch_size for b in default) == 78
+
+
 def test_ids_out_of_table_range_error_or_hash(schema, tmp_path):
     from ingest.errors import DataError
     from ingest.loader import Loader, LoaderConfig

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
 from pathlib import Path
 
@@ -36,30 +35,12 @@ def _schema(name: str, max_length: int | None, max_rows: int):
     return dataclasses.replace(s, tables=tables, sequences=seqs)
 
 
-def _time(fn, device: torch.device, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> str:
     from ingest.convert import table_to_batch
     from ingest.synth import generate_table
     from kernels import attention_impl
     from model import build_model, multitask_loss
+    from train.mfu import time_fn
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="small CPU run")
@@ -144,7 +125,7 @@ def main(argv: list[str] | None = None) -> str:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         try:
-            t = _time(step, device, warmup=0 if tiny else 2, repeat=1 if tiny else 5)
+            t = time_fn(step, device, warmup=0 if tiny else 2, repeat=1 if tiny else 5)
         except torch.OutOfMemoryError:
             t = float("nan")  # reported as such; the next variant still runs
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=3, help="distinct synthetic batches per rank, cycled")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default="")
+    ap.add_argument("--kernel-table", action="store_true", help="rank 0 prints the profiled step's top kernels")
     a, overrides = ap.parse_known_args(argv)
 
     import torch.distributed as dist
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 _sync(dev)
                 tp = time.perf_counter() - tp
             exposed, total = _exposed_comm(prof)
+            if a.kernel_table and info.is_main:
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
             res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total,
                        sparse_rows_synced=pz.replicated_sync.rows_sent)
         steps = tdist.all_gather_floats(t2 / a.steps)

@@ -169,7 +169,7 @@ class GEMEmbeddings(nn.Module):
         if self.ec is not None:
             for key, jt in self.ec(sparse).items():
                 if key in self.ec_single:
-                    pooled[key] = jt.values().view(jt.offsets().numel() - 1, -1)
+                    pooled[key] = jt.values().view(jt.lengths().numel(), -1)
                 else:
                     unpooled[key] = jt.values()
         if self.ebc is not None:

@@ -53,6 +53,49 @@ class PaddedLayout:
         return x.index_select(0, self.dest)
 
 
+# SDPA's memory-efficient kernel wants an additive mask whose strides are multiples of 16 elements; an
+# unaligned one is padded (copied, and the copy kept for backward) on every call. Masks are built aligned.
+_MASK_ALIGN = 16
+
+
+def _aligned_len(n: int) -> int:
+    return -(-n // _MASK_ALIGN) * _MASK_ALIGN
+
+
+def _additive_mask(visible: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, lk: int) -> torch.Tensor:
+    """``where(visible, bias or 0, -inf)`` in ``dtype``, sliced from a key dimension padded to the alignment.
+
+    ``visible [..., Lq, Lk_aligned]`` bool; ``bias`` broadcastable to ``[..., H, Lq, Lk_aligned]``. Built directly in
+    the compute dtype, so no float32 ``[B, H, L, L]`` copy of the bias exists.
+    """
+    value = bias.to(dtype) if bias is not None else torch.zeros((), dtype=dtype, device=visible.device)
+    return torch.where(visible, value, float("-inf"))[..., :lk]
+
+
+def _shared_causal_self_attention(q, k, v, lens, *, scale, pos_weight, block_size, window):
+    """Causal self-attention of right-padded rows: a valid query ``i < len`` sees only keys ``j <= i < len``, so
+    the key-padding mask is implied and one ``[1, H, L, L]`` mask/bias serves every row (``is_causal`` and
+    SDPA's flash backend when there is neither bias nor locality). Padded queries output zeros."""
+    b, lq, h, d = q.shape
+    dev = q.device
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, L, D]
+    if pos_weight is None and block_size is None and window is None:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        la = _aligned_len(lq)
+        q_pos = torch.arange(lq, device=dev)[:, None]
+        k_pos = torch.arange(la, device=dev)[None, :]
+        lim = torch.tensor(lq, device=dev)
+        visible = visible_mask(q_pos, k_pos, lim, causal=True, hist_end=lim, block_size=block_size, window=window)
+        bias = None
+        if pos_weight is not None:
+            bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(2, 0, 1)  # [H, L, La]
+        attn_mask = _additive_mask(visible, bias, q.dtype, lq)[None]  # [1, H or 1, L, L], one for all rows
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
+    valid = torch.arange(lq, device=dev)[None, :] < lens[:, None]  # [B, L]
+    return out.transpose(1, 2) * valid[:, :, None, None].to(out.dtype)
+
+
 def sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -75,7 +118,9 @@ def sdpa_attention(
 
     Positions, masks and bias follow ``kernels.attention_spec``. Padded queries and queries that see no
     key output zeros. ``q_ts [B, Lq]`` / ``kv_ts [B, Lk]``: timestamps (with ``time_weight``).
-    ``same_lengths``: ``q_lens == kv_lens`` (self-attention), so the position bias is one table for all rows.
+    ``same_lengths``: ``q_lens == kv_lens`` (self-attention), so the position bias is one table for all rows;
+    causal softmax self-attention without a time bias then needs no per-row mask at all (the strongest
+    padded baseline: flash SDPA with ``is_causal`` when there is no bias either).
     """
     b, lq, h, d = q.shape
     lk = k.shape[1]
@@ -83,32 +128,38 @@ def sdpa_attention(
     dev = q.device
     if lk == 0 or lq == 0:
         return q.new_zeros(q.shape) + 0 * (k.sum() + v.sum())  # keeps k, v in the graph
+    if same_lengths and causal and activation == "softmax" and time_weight is None and lq == lk:
+        return _shared_causal_self_attention(q, k, v, q_lens, scale=scale, pos_weight=pos_weight,
+                                             block_size=block_size, window=window)
+    la = _aligned_len(lk) if activation == "softmax" else lk
     lq_t, lk_t = q_lens[:, None, None], kv_lens[:, None, None]
     q_pos = lk_t - lq_t + torch.arange(lq, device=dev)[None, :, None]  # [B, Lq, 1]
-    k_pos = torch.arange(lk, device=dev)[None, None, :]  # [1, 1, Lk]
+    k_pos = torch.arange(la, device=dev)[None, None, :]  # [1, 1, La]
     mask = visible_mask(q_pos, k_pos, lk_t, causal=causal, hist_end=lk_t, block_size=block_size, window=window)
-    mask = mask & (torch.arange(lq, device=dev)[None, :, None] < lq_t)  # [B, Lq, Lk]
+    mask = mask & (torch.arange(lq, device=dev)[None, :, None] < lq_t)  # [B, Lq, La]
     seen = mask.any(dim=-1, keepdim=True)  # [B, Lq, 1]
     # SDPA returns NaN for a row with no visible key: let such rows see key 0, then zero them.
     mask = mask | (~seen & (k_pos == 0))
     bias = None
     if pos_weight is not None:
+        # built from the table in the compute dtype (the gather's backward sums into the float32 table)
+        pw = pos_weight.to(q.dtype) if activation == "softmax" else pos_weight
         if same_lengths:  # self-attention: q_pos - k_pos = i - j in every row, one [H, Lq, Lk] table
-            rel = torch.arange(lq, device=dev)[:, None] - torch.arange(lk, device=dev)[None, :]
-            bias = pos_weight[pos_bucket(rel, pos_weight.shape[0])].permute(2, 0, 1)[None]  # [1, H, Lq, Lk]
+            rel = torch.arange(lq, device=dev)[:, None] - torch.arange(la, device=dev)[None, :]
+            bias = pw[pos_bucket(rel, pw.shape[0])].permute(2, 0, 1)[None]  # [1, H, Lq, La]
         else:
-            bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, Lk]
+            bias = pw[pos_bucket(q_pos - k_pos, pw.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, La]
     if time_weight is not None:
         assert q_ts is not None and kv_ts is not None
-        tb = time_bucket(q_ts[:, :, None] - kv_ts[:, None, :], time_weight.shape[0])
-        t = time_weight[tb].permute(0, 3, 1, 2)
+        kts = kv_ts if la == lk else F.pad(kv_ts, (0, la - lk))
+        tb = time_bucket(q_ts[:, :, None] - kts[:, None, :], time_weight.shape[0])
+        tw = time_weight.to(q.dtype) if activation == "softmax" else time_weight
+        t = tw[tb].permute(0, 3, 1, 2)
+        del tb
         bias = t if bias is None else bias + t
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, L, D]
     if activation == "softmax":
-        if bias is None:
-            attn_mask = mask[:, None]
-        else:
-            attn_mask = torch.where(mask[:, None], bias.to(q.dtype), float("-inf"))
+        attn_mask = _additive_mask(mask[:, None], bias, q.dtype, lk)
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
     else:
         s = torch.matmul(qh, kh.transpose(-1, -2)) * scale

@@ -20,6 +20,9 @@ mxfp8      MXFP8: e4m3 + E8M0 scale per 32 elements     sm_100+: ``scaled_mm`` B
 blockwise  activations/gradients 1x128, weights 128x128 ``scaled_mm`` BlockWise1x128 x BlockWise128x128;
            (weight gradient: 1x128 on both operands)    wgrad BlockWise1x128 x BlockWise1x128
 rowwise    one scale per row of each operand            ``scaled_mm`` RowWise
+tensorwise one scale per tensor (current scaling: an amax ``torch._scaled_mm`` TensorWise (cuBLASLt); the
+           pass, then one cast pass writing both layouts);  output GEMM with fast accumulation
+           e4m3 for x and W, e5m2 for dY (``grad_format``)
 bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ========== ============================================ =============================================
 
@@ -45,7 +48,8 @@ from torch import nn
 
 from kernels import mx
 
-RECIPES = ("mxfp8", "blockwise", "rowwise", "bf16")
+RECIPES = ("mxfp8", "blockwise", "rowwise", "tensorwise", "bf16")
+GRAD_FORMATS = ("e5m2", "e4m3")
 WGRAD_PRECISIONS = ("recipe", "bf16", "fp32")
 MX_ON_HOPPER = ("emulate", "blockwise")
 
@@ -63,8 +67,11 @@ class Fp8Config:
     emulate: bool = False
     mx_on_hopper: str = "emulate"
     blockwise_wgrad: str = "1x128"  # blocks of the saved input in the blockwise weight gradient
+    grad_format: str = "e5m2"  # tensorwise: element format of dY (one scale spans the whole tensor)
 
     def __post_init__(self) -> None:
+        if self.grad_format not in GRAD_FORMATS:
+            raise Fp8LinearError(f"Fp8Config.grad_format must be one of {GRAD_FORMATS}, got {self.grad_format!r}")
         if self.blockwise_wgrad not in ("1x128", "128x128"):
             raise Fp8LinearError(
                 f"Fp8Config.blockwise_wgrad must be '1x128' or '128x128', got {self.blockwise_wgrad!r}")
@@ -88,13 +95,14 @@ class _Plan:
     mx_hopper: bool  # mxfp8 on a GPU without MX tensor cores: decode to bf16, bf16 GEMM
     backend: str  # quantizer backend
     x_tiles: bool = False  # blockwise: 128x128 tiles for the input in the weight gradient
+    grad_format: str = "e5m2"  # tensorwise: format of dY
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
         plan = _Plan._make(cfg, x, where)
-        if plan.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128":
-            plan = _Plan(plan.recipe, plan.native, plan.mx_hopper, plan.backend, x_tiles=True)
-        return plan
+        tiles = plan.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
+        return _Plan(plan.recipe, plan.native, plan.mx_hopper, plan.backend, x_tiles=tiles,
+                     grad_format=cfg.grad_format)
 
     @staticmethod
     def _make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
@@ -122,22 +130,27 @@ class _Plan:
 
     # -- quantizers. An operand is a matrix quantized along its reduction dim, rows = output dim.
 
-    def act(self, x: torch.Tensor, axis: int) -> Any:
+    def act(self, x: torch.Tensor, axis: int, grad: bool = False) -> Any:
         if self.recipe == "bf16":
             return (x if axis == 1 else x.t()).to(torch.bfloat16)
         if self.recipe == "mxfp8":
             return mx.mx_quantize(x, axis, backend=self.backend)
         if self.recipe == "blockwise":
             return mx.quantize_1x128(x, axis, backend=self.backend)
+        if self.recipe == "tensorwise":
+            return mx.quantize_tensorwise(x, axis, self.grad_format if grad else "e4m3", backend=self.backend)
         return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis, backend=self.backend)
 
-    def act_both(self, x: torch.Tensor, saved_input: bool = False, col_sums: bool = False) -> tuple:
+    def act_both(self, x: torch.Tensor, saved_input: bool = False, col_sums: bool = False,
+                 grad: bool = False) -> tuple:
         if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
             return self.act(x, 1), mx.quantize_128x128(x, backend=self.backend)[1]
         if self.recipe == "mxfp8":
             return mx.mx_quantize_both(x, backend=self.backend, col_sums=col_sums)
         if self.recipe == "blockwise":
             return mx.quantize_1x128_both(x, backend=self.backend, col_sums=col_sums)
+        if self.recipe == "tensorwise":
+            return mx.quantize_tensorwise_both(x, self.grad_format if grad else "e4m3", backend=self.backend)
         if self.recipe == "rowwise":
             if self.native and x.shape[0] % 16:  # only the per-column copy needs the padded reduction dim
                 return self.act(x, 1), self.act(x, 0)
@@ -152,17 +165,19 @@ class _Plan:
 
     # -- GEMM: a [m, r] x bt [n, r] -> [m, n]
 
-    def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def gemm(self, a: Any, bt: Any, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
+             fast_accum: bool = False) -> torch.Tensor:
+        """``fast_accum``: tensorwise only (the forward GEMM, as common FP8 training recipes do)."""
         if bias is not None and self.native and self.recipe == "bf16":
             return torch.addmm(bias.to(a.dtype), a, bt.t()).to(out_dtype)  # bias in the GEMM epilogue
         if bias is not None and self.native and not self.mx_hopper:
-            y = _scaled_mm_bias(a, bt, self.recipe, out_dtype, bias)
+            y = _scaled_mm_bias(a, bt, self.recipe, out_dtype, bias, fast_accum)
             if y is not None:
                 return y
-        y = self._gemm(a, bt, out_dtype)
+        y = self._gemm(a, bt, out_dtype, fast_accum)
         return y if bias is None else y + bias.to(y.dtype)
 
-    def _gemm(self, a: Any, bt: Any, out_dtype: torch.dtype) -> torch.Tensor:
+    def _gemm(self, a: Any, bt: Any, out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
         if not self.native:
             return (_dequant(a) @ _dequant(bt).t()).to(out_dtype)
         if self.recipe == "bf16":
@@ -171,7 +186,7 @@ class _Plan:
             da = mx.mx_dequantize(a, torch.bfloat16, backend=self.backend)
             db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
             return (da @ db.t()).to(out_dtype)
-        return _scaled_mm(a, bt, self.recipe, out_dtype).to(out_dtype)
+        return _scaled_mm(a, bt, self.recipe, out_dtype, fast_accum=fast_accum).to(out_dtype)
 
 
 def _pad16(x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -209,14 +224,15 @@ def _to_blocked(scale: torch.Tensor) -> torch.Tensor:
 _BIAS_FUSION: dict[str, bool] = {}
 
 
-def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: torch.Tensor) -> torch.Tensor | None:
+def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: torch.Tensor,
+                    fast_accum: bool = False) -> torch.Tensor | None:
     """scaled_mm with the bias in its epilogue, or None where this build/recipe does not take one."""
     od = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
     key = f"{recipe}/{od}"
     if _BIAS_FUSION.get(key) is False:
         return None
     try:
-        y = _scaled_mm(a, bt, recipe, od, bias=bias.to(od))
+        y = _scaled_mm(a, bt, recipe, od, bias=bias.to(od), fast_accum=fast_accum)
     except (RuntimeError, ValueError):  # e.g. "Bias is not supported when out_dtype is set to Float32"
         if key in _BIAS_FUSION:
             raise
@@ -227,9 +243,12 @@ def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: 
 
 
 def _scaled_mm(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    st, sw = F.ScalingType, F.SwizzleType
+               bias: torch.Tensor | None = None, fast_accum: bool = False) -> torch.Tensor:
     od = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    if recipe == "tensorwise":  # cuBLASLt; a row-major, b column-major, scalar fp32 scales
+        return torch._scaled_mm(a.data, bt.data.t(), a.scale, bt.scale, bias=bias, out_dtype=od,
+                                use_fast_accum=fast_accum)
+    st, sw = F.ScalingType, F.SwizzleType
     if recipe == "rowwise":
         return F.scaled_mm(a.data, bt.data.t(), a.scale, st.RowWise, bt.scale.t(), st.RowWise,
                            bias=bias, output_dtype=od)
@@ -249,7 +268,7 @@ def _scaled_mm(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype,
 def _check_native_shapes(plan: _Plan, m: int, k: int, n: int, where: str) -> None:
     if not plan.native or plan.recipe == "bf16" or plan.mx_hopper:
         return
-    need = 128 if plan.recipe == "blockwise" else (32 if plan.recipe == "mxfp8" else 16)
+    need = 128 if plan.recipe == "blockwise" else (32 if plan.recipe == "mxfp8" else 16)  # 16: row/tensorwise
     if k % need or n % need:
         raise Fp8LinearError(
             f"{where}: recipe {plan.recipe!r} needs in_features and out_features divisible by {need} "
@@ -280,7 +299,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         else:
             xa, xt = plan.act(x, 1), None
         wa, wt = plan.weight(w)
-        y = plan.gemm(xa, wa, x.dtype, bias=b)
+        y = plan.gemm(xa, wa, x.dtype, bias=b, fast_accum=True)
         ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
         ctx.xt, ctx.wt, ctx.m = xt, wt, m
         ctx.has_bias = b is not None
@@ -303,9 +322,9 @@ class _Fp8LinearFn(torch.autograd.Function):
             if want_db and plan.native and plan.recipe in ("mxfp8", "blockwise"):
                 dya, dyt, db = plan.act_both(dy, col_sums=True)  # bias gradient from the same read of dY
             else:
-                dya, dyt = plan.act_both(dy)
+                dya, dyt = plan.act_both(dy, grad=True)
         elif need_x:
-            dya = plan.act(dy, 1)
+            dya = plan.act(dy, 1, grad=True)
         if need_x:
             dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
         if need_w:

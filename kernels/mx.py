@@ -10,7 +10,8 @@ Formats (all elements are ``torch.float8_e4m3fn``; max normal 448):
   below -127 clamp to -127. A block holding NaN or +-Inf gets the NaN scale (255) and NaN elements
   (0x7F), so it decodes to NaN, as the spec says for a NaN scale.
 * **Hopper recipes** (fp32 scales, laid out as ``torch.nn.functional.scaled_mm`` reads them):
-  ``1x128`` blocks (activations and gradients), ``128x128`` tiles (weights) and ``rowwise``. Their
+  ``1x128`` blocks (activations and gradients), ``128x128`` tiles (weights), ``rowwise`` and ``tensorwise``
+  (one scale per tensor; gradients may use e5m2, whose wider range suits one scale over a whole tensor). Their
   scales are powers of two chosen so nothing saturates (``2**ceil(log2(amax / 448))``): dividing by a
   power of two is exact, so quantization is bit-reproducible on every backend, and E4M3's relative
   precision does not depend on where in its range a block lands, so nothing is lost against a
@@ -36,6 +37,7 @@ import torch
 MX_BLOCK = 32
 HOPPER_BLOCK = 128
 E4M3_MAX = 448.0
+E5M2_MAX = 57344.0
 E8M0_NAN = 255
 _NAN_CODE = 0x7F  # e4m3fn NaN (positive)
 _BACKENDS = ("auto", "ref", "triton")
@@ -59,11 +61,13 @@ class MXTensor:
 
 @dataclass
 class ScaledTensor:
-    """Hopper-recipe FP8 matrix: ``data`` [rows, cols_padded] e4m3 and fp32 power-of-two ``scale``.
+    """Hopper-recipe FP8 matrix: ``data`` [rows, cols_padded] e4m3 (e5m2 for tensorwise gradients) and fp32
+    power-of-two ``scale``.
 
     ``kind`` is ``"1x128"`` (scale [rows, cols_padded // 128], strides (1, rows): column-major, as
-    ``scaled_mm`` wants), ``"rowwise"`` (scale [rows, 1]) or ``"128x128"`` (scale
-    [ceil(rows/128), cols_padded // 128], row-major). Decoded value = ``data * scale`` (broadcast per block).
+    ``scaled_mm`` wants), ``"rowwise"`` (scale [rows, 1]), ``"128x128"`` (scale
+    [ceil(rows/128), cols_padded // 128], row-major) or ``"tensorwise"`` (scale: one element, shape []).
+    Decoded value = ``data * scale`` (broadcast per block).
     """
 
     data: torch.Tensor
@@ -106,10 +110,13 @@ def _f32_from_bits(bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: bool, emax: int = 8
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From |x| max (as fp32 bits) -> (inverse-scale fp32 bits, stored scale, non-finite mask).
 
     Stored scale: the E8M0 byte (e8m0) or the fp32 bits of the power-of-two scale (pow2-ceil).
+    ``emax``: exponent of the element format's largest power of two (e4m3 8: 448 = 1.75 * 2^8; e5m2 15:
+    57344 = 1.75 * 2^15); both maxima have mantissa 1.75, so the ceil rule below fits both.
     """
     e = amax_bits >> 23  # biased exponent; sign bit already cleared
     bad = e == 255
@@ -119,7 +126,7 @@ def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: bool) -> tuple[torch.Tensor, 
         inv = (254 - torch.clamp(s, max=254)) << 23  # 2^(127 - s); s=0 gives 2^127, still normal
         return inv, s, bad
     mant = amax_bits & 0x7FFFFF
-    t = e - 8 + (mant > 0x600000).to(torch.int32)  # ceil(log2(amax / 448)), biased
+    t = e - emax + (mant > 0x600000).to(torch.int32)  # ceil(log2(amax / fmt_max)), biased
     t = torch.where(e == 0, torch.ones_like(t), torch.clamp(t, min=1))
     inv = (254 - t) << 23
     sbits = torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23)
@@ -301,7 +308,7 @@ def dequantize_scaled(t: ScaledTensor, dtype: torch.dtype = torch.float32) -> to
     """Decode a :class:`ScaledTensor` to ``dtype`` ([rows, cols], padding dropped). PyTorch, any device."""
     r, c = t.shape
     d = t.data.float()
-    if t.kind == "rowwise":
+    if t.kind in ("rowwise", "tensorwise"):
         out = d * t.scale
     elif t.kind == "1x128":
         out = (d.reshape(r, -1, HOPPER_BLOCK) * t.scale.unsqueeze(-1)).reshape(r, -1)
@@ -310,7 +317,8 @@ def dequantize_scaled(t: ScaledTensor, dtype: torch.dtype = torch.float32) -> to
         s = s.repeat_interleave(HOPPER_BLOCK, 1)[:, : d.shape[1]]
         out = d * s
     else:
-        raise MXFormatError(f"dequantize_scaled: unknown kind {t.kind!r}; expected 1x128, 128x128 or rowwise")
+        raise MXFormatError(
+            f"dequantize_scaled: unknown kind {t.kind!r}; expected 1x128, 128x128, rowwise or tensorwise")
     return out[:, :c].to(dtype)
 
 
@@ -335,6 +343,71 @@ def quantize_rowwise_both(x: torch.Tensor, backend: str = "auto") -> tuple[Scale
 
     rows, cols = mx_triton.quantize_rowwise(x, True, True, _rowwise_scale)
     return ScaledTensor(*rows, "rowwise"), ScaledTensor(*cols, "rowwise")
+
+
+# ----------------------------------------------------------------------------------------------
+# tensorwise: one power-of-two scale per tensor (current scaling: an amax pass, then one cast pass)
+
+FORMATS = {"e4m3": (torch.float8_e4m3fn, E4M3_MAX, 8), "e5m2": (torch.float8_e5m2, E5M2_MAX, 15)}
+TENSORWISE_PAD = 16  # cuBLAS FP8 GEMMs need the reduction dim (and leading dims) a multiple of 16
+
+
+def _fmt(fmt: str, where: str) -> tuple[torch.dtype, float, int]:
+    if fmt not in FORMATS:
+        raise MXFormatError(f"{where}: fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt]
+
+
+def tensorwise_scale_ref(x: torch.Tensor, fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inverse-scale fp32 bits, scale fp32 bits, non-finite) as 0-dim tensors, from |x| max (NaN > Inf)."""
+    _, _, emax = _fmt(fmt, "tensorwise_scale_ref")
+    amax_bits = (x.float().reshape(-1).view(torch.int32) & 0x7FFFFFFF).amax() if x.numel() else \
+        torch.zeros((), dtype=torch.int32, device=x.device)
+    return _scale_bits_ref(amax_bits, e8m0=False, emax=emax)
+
+
+def _tensorwise_apply_ref(m: torch.Tensor, inv: torch.Tensor, bad: torch.Tensor, fmt: str) -> torch.Tensor:
+    dt, fmax, _ = FORMATS[fmt]
+    y = (_pad_cols(m.float().contiguous(), TENSORWISE_PAD) * _f32_from_bits(inv)).clamp(-fmax, fmax)
+    q = y.to(dt).view(torch.uint8)
+    return torch.where(bad, torch.full_like(q, _NAN_CODE), q).view(dt)
+
+
+def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3") -> ScaledTensor:
+    """Reference tensorwise quantization: ``x`` (axis=1) or ``x.T`` (axis=0) in ``fmt`` with one
+    power-of-two scale, columns zero-padded to a multiple of 16; a non-finite tensor becomes all NaN."""
+    _check_2d(x, "quantize_tensorwise_ref")
+    inv, sbits, bad = tensorwise_scale_ref(x, fmt)
+    m = x if axis == 1 else x.t()
+    return ScaledTensor(_tensorwise_apply_ref(m, inv, bad, fmt), _f32_from_bits(sbits),
+                        (m.shape[0], m.shape[1]), "tensorwise")
+
+
+def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto") -> ScaledTensor:
+    """Tensorwise quantization of ``x`` (axis=1) or its transposed layout (axis=0); see the reference."""
+    if _pick_backend(backend, x, "quantize_tensorwise") == "ref":
+        return quantize_tensorwise_ref(x, axis, fmt)
+    _check_2d(x, "quantize_tensorwise")
+    _fmt(fmt, "quantize_tensorwise")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize_tensorwise(x, axis == 1, axis == 0, fmt)
+    out = rows if axis == 1 else cols
+    return ScaledTensor(*out, "tensorwise")
+
+
+def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto"
+                             ) -> tuple[ScaledTensor, ScaledTensor]:
+    """Both tensorwise layouts (``x`` and ``x.T``, one shared scale); Triton: an amax pass, then one pass
+    that reads ``x`` once and writes both layouts."""
+    if _pick_backend(backend, x, "quantize_tensorwise_both") == "ref":
+        return quantize_tensorwise_ref(x, 1, fmt), quantize_tensorwise_ref(x, 0, fmt)
+    _check_2d(x, "quantize_tensorwise_both")
+    _fmt(fmt, "quantize_tensorwise_both")
+    from kernels import mx_triton
+
+    rows, cols = mx_triton.quantize_tensorwise(x, True, True, fmt)
+    return ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise")
 
 
 def _rowwise_scale(amax_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

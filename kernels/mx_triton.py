@@ -1,5 +1,5 @@
 """Triton kernels behind :mod:`kernels.mx`: block quantize (rows, transposed, or both from one read),
-128x128 tile quantize, and MXFP8 decode.
+128x128 tile quantize, MXFP8 decode, rowwise and tensorwise quantize.
 
 The element conversion fp32 -> e4m3 is done with integer and exactly-rounded fp32 operations (no
 hardware cvt), so the result is the same on any GPU, under the interpreter and in the PyTorch
@@ -25,6 +25,20 @@ def _encode_e4m3(y):
     yab = ab.to(tl.float32, bitcast=True)
     sub = (yab + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
     return tl.where(ab >= 0x3C800000, norm, sub) | sign
+
+
+@triton.jit
+def _encode_e5m2(y):
+    """fp32 (finite, |y| <= 57344) -> e5m2 code as int32 (RNE); same construction as ``_encode_e4m3``."""
+    b = y.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    ab = b & 0x7FFFFFFF
+    # normal e5m2 (|y| >= 2^-14): round 23 mantissa bits to 2, ties to even, then rebias 127 -> 15
+    norm = ((ab + 0xFFFFF + ((ab >> 21) & 1)) >> 21) - 448
+    # subnormal: adding 2^7 makes the fp32 add round |y| to a multiple of 2^-16 (the e5m2 step)
+    yab = ab.to(tl.float32, bitcast=True)
+    sub = (yab + 128.0).to(tl.int32, bitcast=True) - 0x43000000
+    return tl.where(ab >= 0x38800000, norm, sub) | sign
 
 
 @triton.jit
@@ -332,4 +346,91 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, scale_fn, tr: int = 
     f8 = torch.float8_e4m3fn
     rows = (q.view(f8), outs[0], (r, c)) if row else None
     cols = (qt.view(f8), outs[1], (c, r)) if col else None
+    return rows, cols
+
+
+# ---- tensorwise (one scale per tensor): amax partials, then one cast pass writing one or both layouts
+
+TENSORWISE_TILES: tuple[int, int, int] = (64, 128, 4)  # (rows, cols, warps) of the cast pass
+TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
+_FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
+
+
+@triton.jit
+def _amax_tile_kernel(x_ptr, R, C, sxr, sxc, part_ptr, TR: tl.constexpr, TC: tl.constexpr):
+    """|x| max of one tile as fp32 bits (integer max: NaN > Inf > finite), one int32 per program."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
+    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
+    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
+                other=0.0).to(tl.float32)
+    m = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+    tl.store(part_ptr + pid_r * tl.num_programs(1) + pid_c, m)
+
+
+@triton.jit
+def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, inv_ptr, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
+                            TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
+                            E5M2: tl.constexpr, FMAX: tl.constexpr):
+    """One read of a [TR, TC] tile: codes into q [R, CP] (ROW) and into the transposed qt [C, RP] (COL);
+    padding rows/columns get code 0. ``inv_ptr`` holds the inverse-scale bits; 0 marks a non-finite tensor."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
+    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
+    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
+                other=0.0).to(tl.float32)
+    ib = tl.load(inv_ptr)
+    y = tl.minimum(tl.maximum(x * ib.to(tl.float32, bitcast=True), -FMAX), FMAX)
+    if E5M2:
+        code = _encode_e5m2(y)
+    else:
+        code = _encode_e4m3(y)
+    code = tl.where(ib == 0, 0x7F, code).to(tl.uint8)
+    if ROW:
+        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=(rr[:, None] < R) & (cc[None, :] < CP))
+    if COL:
+        tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code),
+                 mask=(cc[:, None] < C) & (rr[None, :] < RP))
+
+
+def tensorwise_scale(x: torch.Tensor, fmt: str, tiles: tuple[int, int] = (64, 256)
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inverse-scale bits with 0 for a non-finite tensor [1] int32, scale fp32 []) on the device, no sync."""
+    r, c = x.shape
+    tr, tc = tiles
+    grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
+    part = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device)
+    _amax_tile_kernel[grid](x, r, c, x.stride(0), x.stride(1), part, TR=tr, TC=tc, num_warps=4)
+    amax = part.amax()
+    _, _, emax = _FMT[fmt]
+    e = amax >> 23
+    t = (e - emax + ((amax & 0x7FFFFF) > 0x600000).to(torch.int32))
+    t = torch.where(e == 0, torch.ones_like(t), t.clamp(min=1))  # same rule as kernels.mx._scale_bits_ref
+    bad = e == 255
+    inv = torch.where(bad, torch.zeros_like(t), (254 - t) << 23).reshape(1)
+    scale = torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23).view(torch.float32)
+    return inv, scale
+
+
+def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
+                        tiles: tuple[int, int, int] | None = None):
+    """Tensorwise quantize. Returns ((q [R, Cp], scale [], (R, C)) | None, (qt [C, Rp], scale [], (C, R)) | None),
+    Cp/Rp rounded up to 16 (zero padding)."""
+    r, c = x.shape
+    dev = x.device
+    e5, fmax, _ = _FMT[fmt]
+    dt = torch.float8_e5m2 if e5 else torch.float8_e4m3fn
+    cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
+    inv, scale = tensorwise_scale(x, fmt)
+    tr, tc, nw = tiles or TENSORWISE_TILES
+    dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
+    q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy
+    qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy
+    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
+    _tensorwise_cast_kernel[grid](x, r, c, x.stride(0), x.stride(1), inv, q, q.stride(0), cp, qt, qt.stride(0), rp,
+                                  TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax, num_warps=nw)
+    rows = (q.view(dt), scale, (r, c)) if row else None
+    cols = (qt.view(dt), scale, (c, r)) if col else None
     return rows, cols

@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-from kernels.fp8_linear import RECIPES, WGRAD_PRECISIONS, Fp8Config, Fp8Linear
+from kernels.fp8_linear import RECIPES, WGRAD_PRECISIONS, Fp8Config, Fp8Linear, Fp8LinearError
 
 FP8_KINDS = ("attention", "mlp", "interaction")
 ATTENTION_KERNELS = ("bf16", "fp8")
@@ -49,8 +49,9 @@ class PrecisionPolicyError(ValueError):
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
-    """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``bf16``), weight-gradient
-    precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision."""
+    """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``tensorwise`` | ``bf16``),
+    weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
+    ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe."""
 
     # Defaults from benchmarks/RESULTS.md (H200): blockwise with a bf16 weight gradient is the fastest
     # recipe on the large MLP shapes (1.11-1.13x bf16); interaction-sized layers lose in FP8.
@@ -63,6 +64,7 @@ class PrecisionPolicy:
     mx_on_hopper: str = "emulate"
     attention_kernel: str = "bf16"
     attention_kernel_layers: tuple[str, ...] | None = None
+    grad_format: str = "e5m2"
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:
@@ -86,7 +88,10 @@ class PrecisionPolicy:
             raise PrecisionPolicyError(
                 f"PrecisionPolicy.high_precision: unknown kinds {unknown}; "
                 f"known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
-        Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper)  # validates mx_on_hopper
+        try:  # validates mx_on_hopper and grad_format
+            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, grad_format=self.grad_format)
+        except Fp8LinearError as e:
+            raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise PrecisionPolicyError(f"PrecisionPolicy.attention_kernel: unknown precision "
                                        f"{self.attention_kernel!r}; expected one of {ATTENTION_KERNELS}")
@@ -124,7 +129,8 @@ class PrecisionPolicy:
         recipe = self.recipe_for(kind)
         if recipe is None:
             return None
-        return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper)
+        return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
+                         grad_format=self.grad_format)
 
 
 @dataclass

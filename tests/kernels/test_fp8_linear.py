@@ -8,7 +8,7 @@ from torch import nn
 from kernels import mx
 from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, _pad16, _to_blocked
 
-FP8_RECIPES = ["mxfp8", "blockwise", "rowwise"]
+FP8_RECIPES = ["mxfp8", "blockwise", "rowwise", "tensorwise"]
 M, K, N = 200, 256, 128  # tokens not a multiple of 128: the padded weight-gradient path is covered
 
 
@@ -40,8 +40,9 @@ def case():
 
 # Bounds: e4m3 RNE error is <= 2^-4 relative per operand element (~2.7% RMS measured on Gaussians);
 # a product of two such operands over a long reduction lands near sqrt(2) * 2.7% ~ 3.8% (MX saturation
-# adds a little: ~5.8% measured). bf16: 8 bits, ~0.3%.
-BOUND = {"mxfp8": 0.075, "blockwise": 0.05, "rowwise": 0.05, "bf16": 0.006}
+# adds a little: ~5.8% measured). tensorwise carries dY in e5m2 (2^-3 relative): dX and dW ~5.9% measured.
+# bf16: 8 bits, ~0.3%.
+BOUND = {"mxfp8": 0.075, "blockwise": 0.05, "rowwise": 0.05, "tensorwise": 0.075, "bf16": 0.006}
 
 
 @pytest.mark.parametrize("recipe", FP8_RECIPES + ["bf16"])
@@ -88,6 +89,20 @@ def test_emulation_is_the_gemm_of_quantized_operands(case):
     assert torch.allclose(dx2, ds(mx.quantize_1x128_ref(dy)) @ ds(wtq).t(), atol=1e-5)
 
 
+def test_tensorwise_emulation_is_the_gemm_of_quantized_operands(case):
+    """x and W in e4m3, dY in e5m2 (grad_format), one scale per tensor; e4m3 dY is closer to float64."""
+    base, x, dy, ref = case
+    w = base.weight.detach()
+    y, dx, dw, _ = run(Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise", emulate=True)), x, dy)
+    tq, ds = mx.quantize_tensorwise_ref, mx.dequantize_scaled
+    assert torch.allclose(y, ds(tq(x)) @ ds(tq(w)).t() + base.bias, atol=1e-5)
+    assert torch.allclose(dx, ds(tq(dy, 1, "e5m2")) @ ds(tq(w, 0)).t(), atol=1e-5)
+    assert torch.allclose(dw, ds(tq(dy, 0, "e5m2")) @ ds(tq(x, 0)).t(), atol=1e-4)
+    _, dx4, dw4, _ = run(Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise", grad_format="e4m3",
+                                                                emulate=True)), x, dy)
+    assert rel(dx4, ref[1]) < rel(dx, ref[1]) and rel(dw4, ref[2]) < rel(dw, ref[2])
+
+
 def test_drop_in_for_nn_linear():
     torch.manual_seed(1)
     base = nn.Linear(64, 32)
@@ -127,6 +142,8 @@ def test_config_validation():
         Fp8Config(wgrad="fp8e5m2")
     with pytest.raises(Fp8LinearError, match="mx_on_hopper"):
         Fp8Config(mx_on_hopper="native")
+    with pytest.raises(Fp8LinearError, match="grad_format"):
+        Fp8Config(recipe="tensorwise", grad_format="e3m4")
     with pytest.raises(Fp8LinearError, match="in_features=16"):
         Fp8Linear(16, 8, recipe="bf16")(torch.randn(2, 32))
 
@@ -147,7 +164,7 @@ def test_native_rowwise_pads_only_the_reduction_dim():
     assert p.shape == (1008, 1024) and torch.equal(p[:1000], x) and (p[1000:] == 0).all()
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise", "rowwise", "bf16"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise", "rowwise", "tensorwise", "bf16"])
 def test_no_tokens_gives_an_empty_output_and_zero_gradients(recipe):
     # An MoE expert can receive no tokens in a step; the layer must not fail on an empty input.
     layer = Fp8Linear(64, 32, config=Fp8Config(recipe=recipe, emulate=True))

@@ -109,3 +109,16 @@ def test_from_config_mapping():
         PrecisionPolicy.from_dict({"mpl": "mxfp8"}, where="configs/x.yaml:precision")
     with pytest.raises(PrecisionPolicyError, match="precision: PrecisionPolicy.mlp: unknown recipe 'fp4'"):
         PrecisionPolicy.from_dict({"mlp": "fp4"})
+
+
+def test_tensorwise_policy_passes_grad_format_and_validates_it():
+    model = Toy()
+    report = apply_precision_policy(model, PrecisionPolicy(attention="tensorwise", mlp="tensorwise",
+                                                           grad_format="e4m3", wgrad="recipe", emulate=True))
+    assert report.converted == {"attn.0": "tensorwise", "attn.1": "tensorwise", "mlp.0": "tensorwise",
+                                "mlp.2": "tensorwise"}
+    assert all(model.get_submodule(n).config.grad_format == "e4m3" for n in report.converted)
+    model(torch.randn(8, 32)).square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(PrecisionPolicyError, match="grad_format"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "grad_format": "e3m4"})

@@ -78,6 +78,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: checkpoint only at the end (if checkpoint.at_end)
     nan_guard_max: int = 10  # stop after this many skipped non-finite steps
     torch_threads: int = 0  # 0: torch's default
+    compile: bool = False  # torch.compile the dense blocks (dynamic shapes; train/compile.py)
 
 
 @dataclass

@@ -1,0 +1,254 @@
+"""Quality of the FP8 recipes: the same training run in bf16 and under each FP8 precision policy.
+
+    PYTHONPATH=. python benchmarks/fp8_quality.py [--steps 200] [--variants a,b] [--parallel 4] [--gpus 0,1]
+    PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
+
+Every variant is one `train.trainer.Trainer` run of the same config (``configs/gem_medium.yaml`` on the GPU),
+same seed, data and steps; only the run config's ``precision:`` section differs. The table holds the
+held-out click and conversion NE of each run (from its summary.json) and the relative difference to the
+``bf16`` run; ``bf16 (repeat)`` runs the baseline again, so its difference is the run-to-run noise floor
+(non-deterministic GPU reductions), the scale against which the FP8 differences are read. Target: relative
+NE difference <= 0.1%.
+
+On the GPU each variant runs in its own process (``--parallel`` at a time, spread over ``--gpus``); the
+synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
+process with ``emulate: true`` (quantize -> dequantize reference of every recipe, FP8 attention's reference)
+on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = ("click", "conversion")
+
+# name -> the run config's precision: section ({} = no section: plain bf16 autocast on the GPU, fp32 on CPU).
+# Interaction layers stay bf16 in every variant (their 160-wide input is no multiple of 128, and at these
+# sizes they lose in FP8: benchmarks/RESULTS.md); attention projections and MLPs take the recipe.
+VARIANTS: dict[str, dict[str, object]] = {
+    "bf16": {},
+    "bf16 (repeat)": {},
+    "blockwise, wgrad=bf16": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16"},
+    "blockwise": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "recipe"},
+    "tensorwise": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe"},
+    "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
+    "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
+                                "mx_on_hopper": "emulate"},
+    "fp8 attention kernel": {"attention_kernel": "fp8"},
+    "blockwise wgrad=bf16 + fp8 attention": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16",
+                                             "attention_kernel": "fp8"},
+}
+CPU_VARIANTS = ("bf16", "bf16 (repeat)", "blockwise", "tensorwise", "mxfp8 (hopper: emulate)",
+                "fp8 attention kernel")
+
+# Tiny CPU mode: the demo schema, a small model (its cross attention runs FP8 attention), few steps.
+CPU_OVERRIDES = [
+    "--data.synth.train_rows=1024", "--data.synth.eval_rows=256", "--data.synth.files=1",
+    "--train.batch_size=64", "--train.log_every=2", "--train.device=cpu", "--train.torch_threads=1",
+    "--train.checkpoint_every=0", "--optim.warmup_steps=2", "--eval.batch_size=256", "--eval.max_batches=0",
+    "--model.d_model=16", "--model.num_heads=2", "--model.sequence_encoder.num_layers=0",
+    "--model.interaction.kind=none", "--model.top_dim=32", "--model.head_hidden=16",
+]
+COMMON = ["--logging.progress=false", "--logging.tensorboard=false", "--logging.report=false",
+          "--checkpoint.at_end=false"]
+
+
+class QualityError(RuntimeError):
+    """A variant name or run that the quality comparison cannot use."""
+
+
+def precision_overrides(policy: dict[str, object], emulate: bool) -> list[str]:
+    pol = dict(policy)
+    if emulate and pol:
+        pol["emulate"] = "true"
+    return [f"--precision.{k}={v}" for k, v in pol.items()]
+
+
+def variant_overrides(name: str, steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> list[str]:
+    if name not in VARIANTS:
+        raise QualityError(f"fp8_quality: unknown variant {name!r}; known: {list(VARIANTS)}")
+    out = list(COMMON) + [f"--train.steps={steps}"]
+    if data_dir is not None:
+        out += [f"--data.train_url={data_dir / 'train'}", f"--data.eval_url={data_dir / 'eval'}"]
+    if cpu:
+        out += CPU_OVERRIDES
+    else:
+        out += ["--eval.max_batches=0"]  # every held-out row
+    return out + list(extra) + precision_overrides(VARIANTS[name], emulate=cpu)
+
+
+def config_path(cpu: bool) -> Path:
+    return REPO / "configs" / ("demo.yaml" if cpu else "gem_medium.yaml")
+
+
+def run_one(name: str, run_dir: Path, steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> dict:
+    """One training run in this process; returns its summary (also written to run_dir/summary.json)."""
+    from train.config import load_run_config
+    from train.trainer import Trainer
+
+    cfg = load_run_config(config_path(cpu), variant_overrides(name, steps, data_dir, cpu, extra))
+    t0 = time.perf_counter()
+    summary = Trainer(cfg, run_dir, quiet=True).fit()
+    summary["quality_wall_s"] = time.perf_counter() - t0
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
+    return summary
+
+
+def write_data(steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> None:
+    from features import load_schema
+    from train.config import load_run_config
+    from train.data import ensure_synthetic
+
+    cfg = load_run_config(config_path(cpu), variant_overrides("bf16", steps, data_dir, cpu, extra))
+    ensure_synthetic(cfg, load_schema(cfg.schema_path()), log=lambda m: print(m, file=sys.stderr))
+
+
+def ne_of(summary: dict | None, task: str) -> float:
+    ev = (summary or {}).get("eval") or {}
+    return float(ev.get(task, {}).get("ne", math.nan))
+
+
+def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
+    """Markdown rows: held-out NE per task and the relative difference (variant / baseline - 1) in %."""
+    base = results.get(baseline)
+    rows = ["| variant | click NE | rel. diff | conversion NE | rel. diff | steps | train s | status |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, s in results.items():
+        cells = [name]
+        for t in TASKS:
+            ne, b = ne_of(s, t), ne_of(base, t)
+            diff = (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
+            cells += [f"{ne:.5f}", "" if name == baseline else f"{diff:+.3f}%"]
+        ok = s is not None and "error" not in s
+        cells += [str(s.get("steps", "")) if s else "", f"{s.get('train_seconds', math.nan):.1f}" if s else "",
+                  "ok" if ok else f"FAILED {(s or {}).get('error', 'no summary')}"[:160]]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def max_rel_diff(results: dict[str, dict | None], baseline: str = "bf16") -> dict[str, float]:
+    """Largest |relative NE difference| over the tasks, per variant (NaN where a run failed)."""
+    out = {}
+    for name, s in results.items():
+        diffs = [abs(ne_of(s, t) / ne_of(results.get(baseline), t) - 1.0) for t in TASKS]
+        out[name] = max(diffs) if all(math.isfinite(d) for d in diffs) else math.nan
+    return out
+
+
+def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, extra: list[str]) -> subprocess.Popen:
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--run-root", str(args.run_root),
+           "--steps", str(args.steps)]
+    if args.data_dir:
+        cmd += ["--data-dir", str(args.data_dir)]
+    cmd += ["--"] + extra
+    log = open(run_dir / "stderr.log", "w")  # noqa: SIM115 (closed with the process below)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def _dir_name(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict | None]:
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus else [None]
+    pending = list(names)
+    running: dict[str, subprocess.Popen] = {}
+    results: dict[str, dict | None] = {n: None for n in names}
+    i = 0
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            n = pending.pop(0)
+            running[n] = _spawn(n, args.run_root / _dir_name(n), gpus[i % len(gpus)], args, extra)
+            i += 1
+        time.sleep(1.0)
+        for n, p in list(running.items()):
+            if p.poll() is None:
+                continue
+            p.log.close()  # type: ignore[attr-defined]
+            del running[n]
+            f = args.run_root / _dir_name(n) / "summary.json"
+            if p.returncode == 0 and f.exists():
+                results[n] = json.loads(f.read_text())
+            else:
+                tail = (args.run_root / _dir_name(n) / "stderr.log").read_text()[-400:].strip().splitlines()
+                results[n] = {"error": f"exit {p.returncode}: {tail[-1] if tail else ''}"}
+            print(f"{n}: done ({'ok' if 'error' not in results[n] else results[n]['error']})",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:  # everything after -- goes to the run config as overrides
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    else:
+        extra = []
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="tiny CPU mode (emulated recipes, demo schema)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: 200 GPU, 6 CPU)")
+    ap.add_argument("--variants", default=None, help="comma-separated names (default: all; CPU: a subset)")
+    ap.add_argument("--parallel", type=int, default=1, help="GPU: processes at a time")
+    ap.add_argument("--gpus", default="", help="GPU: comma-separated CUDA device ids to spread runs over")
+    ap.add_argument("--run-root", type=Path, default=None)
+    ap.add_argument("--data-dir", type=Path, default=None, help="train/ and eval/ synthetic splits (written if absent)")
+    ap.add_argument("--json", type=Path, default=None, help="write the summaries here")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (6 if args.cpu else 200)
+    tmp = None
+    if args.run_root is None:
+        tmp = tempfile.mkdtemp(prefix="fp8_quality-")
+        args.run_root = Path(tmp)
+    if args.cpu and args.data_dir is None:
+        args.data_dir = args.run_root / "data"
+
+    if args.one is not None:
+        run_one(args.one, args.run_root / _dir_name(args.one), args.steps, args.data_dir, args.cpu, extra)
+        return 0
+
+    names = args.variants.split(",") if args.variants else list(CPU_VARIANTS if args.cpu else VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise QualityError(f"fp8_quality: unknown variants {unknown}; known: {list(VARIANTS)}")
+    if "bf16" not in names:
+        names.insert(0, "bf16")
+    t0 = time.perf_counter()
+    write_data(args.steps, args.data_dir, args.cpu, extra)
+    if args.cpu:
+        import torch
+
+        threads = torch.get_num_threads()
+        results: dict[str, dict | None] = {}
+        try:
+            for n in names:
+                results[n] = run_one(n, args.run_root / _dir_name(n), args.steps, args.data_dir, True, extra)
+        finally:
+            torch.set_num_threads(threads)  # the CPU config pins one thread for the run
+    else:
+        results = run_parallel(names, args, extra)
+    where = "CPU (emulated recipes, demo schema, tiny model)" if args.cpu else "configs/gem_medium.yaml"
+    print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "
+          f"wall {time.perf_counter() - t0:.0f} s")
+    print("\n".join(table(results)))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, allow_nan=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,8 @@
 """Jagged attention on the GPU: correctness against float64, then timings beside the baselines.
 
     python benchmarks/attention.py check              # kernel vs float64, every option, bf16/fp16/fp32
+    python benchmarks/attention.py check 0 1 'match=silu,bfloat16|D=256'   # cases whose name has every
+                                                  # comma-separated part of one '|'-separated alternative
     python benchmarks/attention.py bench A B          # batches A and B (device README), issue-4 rows
     python benchmarks/attention.py local              # block-local / window section (issue 5)
     python benchmarks/attention.py fp8 A              # FP8 forward vs our bf16 forward (issue 8; also --fp8)
@@ -59,7 +61,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- check
-def check(shard: int = 0, shards: int = 1) -> list[str]:
+def check(shard: int = 0, shards: int = 1, match: str | None = None) -> list[str]:
     rows = ["| case | dtype | out err (ours / ref-lowp) | worst grad err (ours / ref-lowp) | ok |", "|---|---|---|---|---|"]
     torch.manual_seed(0)
     cases = []
@@ -75,12 +77,21 @@ def check(shard: int = 0, shards: int = 1) -> list[str]:
             # fp16/fp32 pointwise paths are covered by the CPU interpreter tests
             if dtype == torch.bfloat16 or c["act"] == "softmax"]
     for c, dtype in jobs[shard::shards]:
+        if match is not None and not any(all(m in _case_name(c, dtype) for m in alt.split(","))
+                                         for alt in match.split("|")):
+            continue
         ok, line = _check_case(c, dtype)
         all_ok &= ok
         rows.append(line)
         print(line, flush=True)
     rows.append(f"\nALL OK: {all_ok}")
     return rows
+
+
+def _case_name(c: dict, dtype: torch.dtype | None = None) -> str:
+    name = (f"{c['act']} causal={c['causal']} bias={c['bias']} targets={c['nt']} cross={c['cross']} "
+            f"block={c['bs']} window={c['w']} D={c['d']}")
+    return name if dtype is None else f"{name} {str(dtype)[6:]}"
 
 
 def _check_case(c: dict, dtype: torch.dtype) -> tuple[bool, str]:
@@ -120,9 +131,7 @@ def _check_case(c: dict, dtype: torch.dtype) -> tuple[bool, str]:
     errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
     ok = all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
     worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
-    name = (f"{c['act']} causal={c['causal']} bias={c['bias']} targets={c['nt']} cross={c['cross']} "
-            f"block={c['bs']} window={c['w']} D={c['d']}")
-    return ok, (f"| {name} | {str(dtype)[6:]} | {errs[0][0]:.1e} / {errs[0][1]:.1e} | "
+    return ok, (f"| {_case_name(c)} | {str(dtype)[6:]} | {errs[0][0]:.1e} / {errs[0][1]:.1e} | "
                 f"{worst[0]:.1e} / {worst[1]:.1e} | {'yes' if ok else 'NO'} |")
 
 
@@ -332,11 +341,17 @@ def local(seq_lens: list[int] | None = None) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------- fp8
+FP8_REL_BOUND = 0.08  # relative L2 error of the FP8 output against float64 (tests/kernels/test_attention_fp8.py)
+
+
 def fp8(name: str = "A") -> list[str]:
     """Issue 8: FP8 forward (``precision="fp8"``) vs our bf16 forward on one batch (target >= 1.3x on A).
 
     Columns: the bf16 kernel; the whole FP8 call (three quantize passes + kernel); the FP8 kernel alone on
-    pre-quantized inputs; the quantize passes alone. Errors are relative L2 against the fp32 kernel.
+    pre-quantized inputs; the quantize passes alone. Correctness first, on the same inputs: relative L2 error
+    of the FP8 and the bf16 outputs against a float64 reference (``jagged_attention_ref`` in float64), and
+    of the FP8 kernel against its emulation (``jagged_attention_fp8_ref``: same quantized operands, fp32).
+    ``ok``: the FP8 error is within ``FP8_REL_BOUND``.
     """
     from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
 
@@ -355,7 +370,8 @@ def fp8(name: str = "A") -> list[str]:
     rows = [f"### FP8 attention forward, batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, ΣL={T}, "
             "inputs bf16", "",
             "| case | bf16 fwd ms | fp8 fwd ms (with quantize) | fp8 kernel ms | quantize ms | bf16 / fp8 | "
-            "bf16 / fp8 kernel | fp8 TFLOP/s | err fp8 | err bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "bf16 / fp8 kernel | fp8 TFLOP/s | err fp8 vs f64 | err bf16 vs f64 | fp8 vs emulation | ok |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cases = [
         ("causal softmax", dict(causal=True), {}),
         ("causal softmax, V row-major", dict(causal=True), dict(v_transposed=False)),
@@ -371,21 +387,32 @@ def fp8(name: str = "A") -> list[str]:
         qx, qo = (qc, qo_c) if cross else (q, offs)
         kw.update(max_q_len=16 if cross else max_len, max_kv_len=max_len)
         flops = jagged_attention_flops(qo, offs, H, D, causal=kw.get("causal", False))
-        t_bf, t_f8, t_k, t_q, e8, eb = _fp8_case(qx, k, v, qo, offs, kw, opt.get("quant_block", DEFAULT_QUANT_BLOCK),
-                                                 opt.get("v_transposed", True))
+        try:
+            t_bf, t_f8, t_k, t_q, e8, eb, ee = _fp8_case(qx, k, v, qo, offs, kw,
+                                                        opt.get("quant_block", DEFAULT_QUANT_BLOCK),
+                                                        opt.get("v_transposed", True), emulation=True)
+        except Exception as e:  # report and go on: one broken case must not hide the others
+            rows.append(f"| {label} | ERROR {type(e).__name__}: {str(e)[:200]} |")
+            print(rows[-1], flush=True)
+            torch.cuda.empty_cache()
+            continue
         rows.append(f"| {label} | {t_bf:.3f} | {t_f8:.3f} | {t_k:.3f} | {t_q:.3f} | {t_bf / t_f8:.2f}x | "
-                    f"{t_bf / t_k:.2f}x | {flops / t_k / 1e9:.0f} | {e8:.1e} | {eb:.1e} |")
+                    f"{t_bf / t_k:.2f}x | {flops / t_k / 1e9:.0f} | {e8:.1e} | {eb:.1e} | {ee:.1e} | "
+                    f"{'yes' if e8 <= FP8_REL_BOUND else 'NO'} |")
         print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
     return rows
 
 
 @torch.no_grad()
 def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tensor, offs: torch.Tensor, kw: dict,
-              qb: int, v_t: bool) -> tuple[float, float, float, float, float, float]:
-    """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, fp8 error, bf16 error) of one case."""
-    from kernels.attention_fp8 import jagged_attention_fp8
+              qb: int, v_t: bool, emulation: bool = False) -> tuple[float, ...]:
+    """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, fp8 error, bf16 error) of one case, errors against
+    a float64 reference; with ``emulation`` a seventh item: the FP8 output against its fp32 emulation."""
+    from kernels.attention_fp8 import jagged_attention_fp8, jagged_attention_fp8_ref
     from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_jagged_triton
     from kernels.attention_op import _len_key
+    from kernels.attention_ref import jagged_attention_ref
 
     def quant():
         a, _ = quantize_jagged_triton(q, qo, qb)
@@ -404,11 +431,22 @@ def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tenso
 
     bf = lambda: jagged_attention(q, k, v, qo, offs, **kw)
     f8 = lambda: jagged_attention_fp8(q, k, v, qo, offs, quant_block=qb, v_transposed=v_t, **kw)
-    times = [cuda_time(fn) for fn in (bf, f8, kern, quant)]
-    exact = jagged_attention(q.float(), k.float(), v.float(), qo, offs, **kw).double()
-    if not torch.equal(kern()[0], f8()):
+    out8 = f8()
+    if not torch.equal(kern()[0], out8):
         print("  warning: kernel-only and full FP8 calls disagree", flush=True)
-    return (*times, rel_err(f8(), exact), rel_err(bf(), exact))
+    ref_kw = {key: val for key, val in kw.items() if key not in ("max_q_len", "max_kv_len")}
+    if bias is not None:
+        ref_kw["bias"] = RelativeBias(bias.pos_weight.double(), bias.time_weight.double(), bias.q_timestamps,
+                                      bias.kv_timestamps)
+    exact = jagged_attention_ref(q.double(), k.double(), v.double(), qo, offs, **ref_kw)
+    errs = [rel_err(out8, exact), rel_err(bf(), exact)]
+    del exact
+    if emulation:  # same quantized operands in fp32, P quantized per KV tile (the kernel's tile when autotune is off)
+        emu = jagged_attention_fp8_ref(q, k, v, qo, offs, quant_block=qb, tile_n=min(qb, 128), **ref_kw)
+        errs.append(rel_err(out8, emu.double()))
+        del emu
+    times = [cuda_time(fn) for fn in (bf, f8, kern, quant)]
+    return (*times, *errs)
 
 
 def main(argv: list[str]) -> None:
@@ -416,8 +454,9 @@ def main(argv: list[str]) -> None:
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     out: list[str] = []
     what = argv[1] if len(argv) > 1 else "bench"
-    if what == "check":  # check [SHARD SHARDS]
-        out = check(*(int(a) for a in argv[2:4]))
+    if what == "check":  # check [SHARD SHARDS] [match=A,B|C]
+        match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)
+        out = check(*(int(a) for a in argv[2:4] if not a.startswith("match=")), match=match)
     elif what == "bench":  # bench [A] [B] [rows=softmax,bias,cross,silu]
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
         for name in [a for a in argv[2:] if not a.startswith("rows=")] or ["A", "B"]:

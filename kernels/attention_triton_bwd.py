@@ -21,10 +21,13 @@ from kernels.attention_triton_common import (
     act_fwd_bwd,
     add_table_grad,
     kv_range,
+    load_rows,
     pos_bucket,
     q_range,
     smem_prune,
     time_bucket,
+    unmasked_kv_end,
+    unmasked_q_start,
     visible,
 )
 
@@ -52,6 +55,111 @@ def _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scal
     if HAS_TIME:
         s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
     return s
+
+
+@triton.jit
+def _dkdv_tile(
+    dk, dv, k, v, offs_n, ts_k, start_m, m_end, shift, kv_len, hist_end, window, q_start, h,
+    Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """One Q tile of the dk/dv loop. ``MASKED=False``: a whole Q tile (inside the row) whose every query
+    sees every key of the KV tile (no visibility mask, no bounds)."""
+    stride_t: tl.constexpr = H * HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < m_end
+    pos_q = shift + offs_m
+    q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    q = load_rows(Q + q_rows, m_ok, d_ok, MASKED, EVEN_D)
+    do = load_rows(DO + q_rows, m_ok, d_ok, MASKED, EVEN_D)
+    ts_q = offs_m
+    if HAS_TIME:
+        if MASKED:
+            ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+        else:
+            ts_q = tl.load(QTS + q_start + offs_m)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    if MASKED:
+        ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        if ACT == 0:
+            lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
+            delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
+            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = act_fwd_bwd(s, ACT)
+            p = tl.where(ok, a * inv_n, 0.0)
+            ds = tl.where(ok, dp * da * inv_n, 0.0)
+    else:
+        ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+        if ACT == 0:
+            lse = tl.load(LSE + (q_start + offs_m) * H + h)
+            delta = tl.load(DELTA + (q_start + offs_m) * H + h)
+            p = tl.exp2(s - lse[:, None])
+            ds = p * (dp - delta[:, None])
+        else:
+            a, da = act_fwd_bwd(s, ACT)
+            p = a * inv_n
+            ds = dp * da * inv_n
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+    dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+    if HAS_POS:
+        add_table_grad(DPOSW, pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS), ds, ok, h, H, NUM_POS)
+    if HAS_TIME:
+        add_table_grad(DTIMEW, time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME), ds, ok, h, H, NUM_TIME)
+    return dk, dv
+
+
+@triton.jit
+def _dq_tile(
+    dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
+    K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
+    rows past the row's end have do = 0 and lse = +inf, so they add nothing)."""
+    stride_t: tl.constexpr = H * HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    k = load_rows(K + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    v = load_rows(V + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    ts_k = offs_n
+    if HAS_TIME:
+        if MASKED:
+            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+        else:
+            ts_k = tl.load(KTS + kv_start + offs_n)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    if MASKED:
+        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        if ACT == 0:
+            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        else:
+            _, da = act_fwd_bwd(s, ACT)
+            ds = tl.where(ok, dp * da * inv_n, 0.0)
+    else:
+        if ACT == 0:
+            p = tl.exp2(s - lse[:, None])
+            ds = p * (dp - delta[:, None])
+        else:
+            _, da = act_fwd_bwd(s, ACT)
+            ds = dp * da * inv_n
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return dq
 
 
 @triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"],
@@ -82,6 +190,7 @@ def jagged_attn_bwd_dkdv_kernel(
         hist_end = kv_len - tl.load(NT + row).to(tl.int32)
     shift = kv_len - q_len
     stride_t: tl.constexpr = H * HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
 
     offs_n = nblk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -112,36 +221,30 @@ def jagged_attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < hi
-        pos_q = shift + offs_m
-        q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        ts_q = offs_m
-        if HAS_TIME:
-            ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
-        s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
-                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
-        ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
-        ok = ok & m_ok[:, None]
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        if ACT == 0:
-            lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
-            delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
-            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
-        else:
-            a, da = act_fwd_bwd(s, ACT)
-            p = tl.where(ok, a * inv_n, 0.0)
-            ds = tl.where(ok, dp * da * inv_n, 0.0)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-        if HAS_POS:
-            add_table_grad(DPOSW, pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS), ds, ok, h, H, NUM_POS)
-        if HAS_TIME:
-            add_table_grad(DTIMEW, time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME), ds, ok, h, H, NUM_TIME)
+    # Q tiles whose every query sees every key of this KV tile (past the causal diagonal) skip the
+    # mask and the bounds; the diagonal tiles before them and the last partial tile take the masked path.
+    # A partial KV tile never takes the unmasked path (its padding keys would reach the bias gradients).
+    mid = unmasked_q_start(lo, hi, nblk * BLOCK_N + BLOCK_N - 1, shift, hist_end, BLOCK_M, CAUSAL, BLOCK_S,
+                           HAS_WINDOW)
+    full_end = mid + ((hi - mid) // BLOCK_M) * BLOCK_M
+    for start_m in range(lo, mid, BLOCK_M):
+        dk, dv = _dkdv_tile(
+            dk, dv, k, v, offs_n, ts_k, start_m, mid, shift, kv_len, hist_end, window, q_start, h,
+            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
+            BLOCK_M, BLOCK_N, True, EVEN_D)
+    for start_m in range(mid, full_end, BLOCK_M):
+        dk, dv = _dkdv_tile(
+            dk, dv, k, v, offs_n, ts_k, start_m, full_end, shift, kv_len, hist_end, window, q_start, h,
+            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
+            BLOCK_M, BLOCK_N, False, EVEN_D)
+    for start_m in range(full_end, hi, BLOCK_M):
+        dk, dv = _dkdv_tile(
+            dk, dv, k, v, offs_n, ts_k, start_m, hi, shift, kv_len, hist_end, window, q_start, h,
+            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
+            BLOCK_M, BLOCK_N, True, EVEN_D)
 
     tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
@@ -175,6 +278,7 @@ def jagged_attn_bwd_dq_kernel(
         hist_end = kv_len - tl.load(NT + row).to(tl.int32)
     shift = kv_len - q_len
     stride_t: tl.constexpr = H * HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
 
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -187,6 +291,8 @@ def jagged_attn_bwd_dq_kernel(
     ts_q = offs_m
     if HAS_TIME:
         ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+    lse = tl.zeros([BLOCK_M], dtype=tl.float32)  # read by softmax only
+    delta = lse
     if ACT == 0:
         lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
         delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
@@ -203,25 +309,18 @@ def jagged_attn_bwd_dq_kernel(
     last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < hi
-        kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        ts_k = offs_n
-        if HAS_TIME:
-            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
-        s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
-                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
-        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
-        ok = ok & m_ok[:, None]
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        if ACT == 0:
-            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
-        else:
-            _, da = act_fwd_bwd(s, ACT)
-            ds = tl.where(ok, dp * da * inv_n, 0.0)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    # As in the forward: whole KV tiles below the causal diagonal unmasked, the rest masked.
+    mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+    for start_n in range(lo, mid, BLOCK_N):
+        dq = _dq_tile(
+            dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
+            K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
+            BLOCK_N, False, EVEN_D)
+    for start_n in range(mid, hi, BLOCK_N):
+        dq = _dq_tile(
+            dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
+            K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
+            BLOCK_N, True, EVEN_D)
     tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -100,6 +100,56 @@ def q_range(pk_lo, pk_hi, q_len, kv_len, window,
 
 
 @triton.jit
+def unmasked_kv_end(lo, pq_lo, kv_len, hist_end, BLOCK_N: tl.constexpr,
+                    CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """End of the whole KV tiles from ``lo`` that every query at positions >= ``pq_lo`` sees in full.
+
+    Those tiles (strictly below the causal diagonal, inside the history) need neither the visibility
+    mask nor key bounds; tiles from the returned position on take the masked path. Block-local and
+    window attention return ``lo`` (every tile masked: they are at most a few tiles long).
+    """
+    end = lo
+    if BLOCK_S == 0 and not HAS_WINDOW:
+        lim = kv_len
+        if CAUSAL:
+            lim = tl.minimum(lim, pq_lo + 1)
+        if HAS_NT:
+            lim = tl.minimum(lim, hist_end)
+        end = lo + (tl.maximum(lim - lo, 0) // BLOCK_N) * BLOCK_N
+    return end
+
+
+@triton.jit
+def unmasked_q_start(lo, hi, pk_hi, shift, hist_end, BLOCK_M: tl.constexpr,
+                     CAUSAL: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """First query index (``lo`` + a whole number of tiles, at most ``hi``) from which every query sees
+    every key of the KV tile ending at position ``pk_hi`` (inclusive); ``hi`` when none does.
+
+    The tile must lie inside the history (``pk_hi < hist_end``, so also inside the row); with ``causal``
+    the query must sit at or after ``pk_hi``.
+    """
+    start = hi
+    if BLOCK_S == 0 and not HAS_WINDOW:
+        if pk_hi < hist_end:
+            first = lo
+            if CAUSAL:
+                first = tl.maximum(lo, pk_hi - shift)
+            start = tl.minimum(lo + tl.cdiv(first - lo, BLOCK_M) * BLOCK_M, hi)
+    return start
+
+
+@triton.jit
+def load_rows(ptrs, row_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile, masking rows only when asked and columns only when D is padded."""
+    if MASK_ROWS:
+        return tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
 def pos_bucket(pos_q, pos_k, NUM_POS: tl.constexpr):
     half: tl.constexpr = (NUM_POS - 1) // 2
     rel = pos_q - pos_k

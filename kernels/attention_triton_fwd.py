@@ -15,9 +15,11 @@ from kernels.attention_triton_common import (
     LOG2E,
     act_fwd,
     kv_range,
+    load_rows,
     pos_bucket,
     smem_prune,
     time_bucket,
+    unmasked_kv_end,
     visible,
 )
 
@@ -30,6 +32,61 @@ def _configs() -> list[triton.Config]:
         for bn, w in ((64, 4), (64, 8), (128, 8), (32, 4))
     ]
     return configs if AUTOTUNE else configs[:1]
+
+
+@triton.jit
+def _fwd_tile(
+    acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+    kv_start, h, offs_d, d_ok, qk_scale, bias_scale,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """One KV tile of the forward. ``MASKED=False``: every query sees every key of the tile, which lies
+    inside the row (no visibility mask, no key bounds; rows past the row's end hold q = 0 and stay
+    finite, and they are never stored)."""
+    stride_t: tl.constexpr = H * HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
+    k = load_rows(K + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    v = load_rows(V + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if HAS_POS:
+        s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
+    if HAS_TIME:
+        if MASKED:
+            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+        else:
+            ts_k = tl.load(KTS + kv_start + offs_n)
+        s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+    if MASKED:
+        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+        ok = ok & m_ok[:, None]
+        if ACT == 0:
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            p = tl.where(ok, act_fwd(s, ACT), 0.0)
+    else:
+        if ACT == 0:
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every score of the tile is real
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        else:
+            p = act_fwd(s, ACT)
+    acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc, m_i, l_i
 
 
 @triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"],
@@ -66,9 +123,11 @@ def jagged_attn_fwd_kernel(
     shift = kv_len - q_len
     pos_q = shift + offs_m
     stride_t: tl.constexpr = H * HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
 
     q_ptrs = Q + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    q = load_rows(q_ptrs, m_ok, d_ok, True, EVEN_D)
+    ts_q = offs_m
     if HAS_TIME:
         ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
 
@@ -85,32 +144,19 @@ def jagged_attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < hi
-        kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        if HAS_POS:
-            s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
-        if HAS_TIME:
-            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
-            s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
-        ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
-        ok = ok & m_ok[:, None]
-        if ACT == 0:
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        else:
-            p = tl.where(ok, act_fwd(s, ACT), 0.0)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    # Whole tiles every query of this tile sees (below the causal diagonal) skip the mask and the
+    # key bounds; the diagonal tiles and the row's last partial tile take the masked path.
+    mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
+    for start_n in range(lo, mid, BLOCK_N):
+        acc, m_i, l_i = _fwd_tile(
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+            kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, False, EVEN_D)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = _fwd_tile(
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+            kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, True, EVEN_D)
 
     if ACT == 0:
         has = l_i > 0.0

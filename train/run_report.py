@@ -3,6 +3,10 @@
 Curves of the training loss, NE and AUC per task (train windows and held-out evaluations),
 throughput (examples/s and events/s), and the padding savings of the batches seen: how much of
 a padded layout would have been padding, and how much attention work padding would have added.
+
+``compare_runs`` puts the held-out metrics of finished runs side by side (each run's ``summary.json``),
+the first run as the baseline; ``python -m train.run_report RUN_A RUN_B [--out FILE.html]`` prints that
+table as markdown and can write it as HTML.
 """
 
 from __future__ import annotations
@@ -10,9 +14,14 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from features.errors import GemtrainError
 
 
 def _png(fig) -> str:
@@ -124,3 +133,96 @@ def write_report(run_dir: str | Path, history: list[dict], summary: dict) -> Pat
     path = run_dir / "report.html"
     path.write_text(doc)
     return path
+
+
+@dataclass
+class Comparison:
+    """Held-out metrics of several runs, task by task; the first run is the baseline of the deltas."""
+
+    runs: list[str]
+    head: list[str]
+    rows: list[list[Any]]
+
+    def markdown(self) -> str:
+        def cell(v: Any) -> str:
+            return (f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else
+                    "n/a" if isinstance(v, float) else str(v))
+        lines = ["| " + " | ".join(self.head) + " |", "|" + "---|" * len(self.head)]
+        lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        return _table(self.rows, self.head)
+
+
+def _summary(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise GemtrainError(f"cannot read {path}: {e}; give the folder of a finished run "
+                            "(it writes summary.json at its end)") from None
+    if not summary.get("eval"):
+        raise GemtrainError(f"{path} has no held-out metrics (eval); run the evaluation at the end of the run")
+    return summary
+
+
+def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> Comparison:
+    """Side-by-side held-out NE, AUC and calibration per task; the NE change vs the first run in %."""
+    if len(run_dirs) < 2:
+        raise GemtrainError(f"compare needs at least two run folders, got {len(run_dirs)}")
+    names = names or [Path(d).name for d in run_dirs]
+    summaries = [_summary(d) for d in run_dirs]
+    tasks = [t for t in summaries[0]["eval"] if all(t in s["eval"] for s in summaries)]
+    if not tasks:
+        raise GemtrainError(f"the runs {', '.join(names)} share no evaluated task")
+    head = ["task", "metric"] + names + [f"NE vs {names[0]}: {n}" for n in names[1:]]
+    rows: list[list[Any]] = []
+    for t in tasks:
+        evals = [s["eval"][t] for s in summaries]
+        base = evals[0].get("ne", float("nan"))
+        for metric in ("ne", "oracle_ne", "auc", "calibration"):
+            vals = [float(e.get(metric, float("nan"))) for e in evals]
+            if all(math.isnan(v) for v in vals):
+                continue
+            deltas = [f"{100 * (v / base - 1):+.2f}%" if metric == "ne" and base else "" for v in vals[1:]]
+            rows.append([t, metric.replace("_", " ")] + vals + deltas)
+    steps = [s.get("steps") for s in summaries]
+    rows.append(["(run)", "steps"] + steps + ["" for _ in steps[1:]])
+    return Comparison(runs=[str(d) for d in run_dirs], head=head, rows=rows)
+
+
+def write_comparison(run_dirs: list[str | Path], path: str | Path, names: list[str] | None = None) -> Path:
+    """The comparison as one self-contained HTML page."""
+    comp = compare_runs(run_dirs, names)
+    title = "gemtrain run comparison: " + " vs ".join(html.escape(Path(d).name) for d in run_dirs)
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}th{background:#eee}")
+    body = (f"<h1>{title}</h1><p>Held-out metrics of each run's final evaluation; the NE change is relative "
+            f"to {html.escape(comp.runs[0])}.</p>{comp.html()}")
+    path = Path(path)
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+                    f"<style>{style}</style></head><body>{body}</body></html>\n")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m train.run_report",
+                                description="held-out metrics of finished runs side by side (first = baseline)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="FILE.html", default=None, help="also write the table as an HTML page")
+    args = p.parse_args(argv)
+    try:
+        print(compare_runs(args.runs).markdown())
+        if args.out:
+            print(f"wrote {write_comparison(args.runs, args.out)}")
+    except GemtrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,44 @@
+"""`train.run_report.compare_runs`: held-out metrics of finished runs side by side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from features.errors import GemtrainError
+from train.run_report import compare_runs, main, write_comparison
+
+
+def _run(tmp_path, name: str, click_ne: float, conv_ne: float | None = 0.87) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    ev = {"click": {"ne": click_ne, "oracle_ne": 0.75, "auc": 0.8, "calibration": 1.0, "examples": 100.0}}
+    if conv_ne is not None:
+        ev["conversion"] = {"ne": conv_ne, "auc": 0.7, "calibration": 0.99, "examples": 20.0}
+    (d / "summary.json").write_text(json.dumps({"name": name, "steps": 500, "eval": ev}))
+    return str(d)
+
+
+def test_side_by_side_ne_with_change_against_the_first_run(tmp_path, capsys):
+    full = _run(tmp_path, "full", 0.80)
+    block = _run(tmp_path, "block", 0.82, conv_ne=None)  # no conversion eval: only shared tasks appear
+    comp = compare_runs([full, block])
+    assert comp.head == ["task", "metric", "full", "block", "NE vs full: block"]
+    ne = next(r for r in comp.rows if r[:2] == ["click", "ne"])
+    assert ne[2:] == [0.80, 0.82, "+2.50%"]
+    assert not any(r[0] == "conversion" for r in comp.rows)
+    assert "| click | ne | 0.8000 | 0.8200 | +2.50% |" in comp.markdown().splitlines()
+    page = write_comparison([full, block], tmp_path / "cmp.html")
+    assert "<td>+2.50%</td>" in page.read_text() and "full vs block" in page.read_text()
+    assert main([full, block]) == 0 and "| click | ne | 0.8000 | 0.8200 | +2.50% |" in capsys.readouterr().out
+
+
+def test_unfinished_run_or_single_run_is_a_clear_error(tmp_path, capsys):
+    full = _run(tmp_path, "full", 0.80)
+    (tmp_path / "unfinished").mkdir()
+    with pytest.raises(GemtrainError, match="summary.json"):
+        compare_runs([full, str(tmp_path / "unfinished")])
+    with pytest.raises(GemtrainError, match="at least two"):
+        compare_runs([full])
+    assert main([full, str(tmp_path / "unfinished")]) == 2 and "error:" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """FP8 linear layers and quantizers on one GPU: check, then time, then print one table.
 
-    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick] [--sweep] [--json OUT.json]
+    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--json OUT.json]
 
 1. Checks (fresh random data): Triton quantizers bit-identical to the PyTorch reference on the GPU
    (special values and fp32 subnormals included); each native recipe's output and gradients against
@@ -9,6 +9,8 @@
    (tokens x 1024 -> 4096 -> 1024, tokens = 65536) and interaction shapes; ratio = bf16 / recipe.
 3. Quantizer bandwidth (bytes read + written / time) against a device-to-device copy measured in
    the same run.
+4. GEMMs alone (operands quantized beforehand) on the mlp-up shape: output, input-gradient and
+   weight-gradient GEMM of each recipe against bf16, to split a recipe's time into GEMMs and quantization.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ VARIANTS = [  # (label, config kwargs)
     ("blockwise, wgrad x 128x128", dict(recipe="blockwise", blockwise_wgrad="128x128")),
     ("blockwise wgrad=bf16", dict(recipe="blockwise", wgrad="bf16")),
     ("rowwise wgrad=bf16", dict(recipe="rowwise", wgrad="bf16")),
+    ("tensorwise (dY e5m2)", dict(recipe="tensorwise")),
+    ("tensorwise (dY e4m3)", dict(recipe="tensorwise", grad_format="e4m3")),
+    ("tensorwise wgrad=bf16", dict(recipe="tensorwise", wgrad="bf16")),
     ("mxfp8 (hopper: emulate)", dict(recipe="mxfp8", mx_on_hopper="emulate")),
     ("mxfp8 (hopper: as blockwise)", dict(recipe="mxfp8", mx_on_hopper="blockwise")),
 ]
@@ -91,6 +96,14 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
                                          and bits_equal(w_ref.scale, w_tri.scale))))
         rq, rc = mx.quantize_rowwise(x, 0), mx.quantize_rowwise(xc, 0)
         rows.append((f"rowwise cuda==cpu {dt}", str(bits_equal(rq.data, rc.data))))
+        xf = x.nan_to_num(0.0, 0.0, 0.0)  # one non-finite element makes the whole tensor NaN: check finite data
+        for fmt in ("e4m3", "e5m2"):
+            for src, tag in ((x, "with NaN/Inf"), (xf, "finite")):
+                a, b = mx.quantize_tensorwise_both(src.to(dev), fmt, backend="triton")
+                ra, rb = mx.quantize_tensorwise_ref(src, 1, fmt), mx.quantize_tensorwise_ref(src, 0, fmt)
+                ok = (bits_equal(a.data, ra.data) and bits_equal(b.data, rb.data)
+                      and bits_equal(a.scale.reshape(1), ra.scale.reshape(1)))
+                rows.append((f"tensorwise {fmt} both layouts {tag} {dt}", str(ok)))
     return rows
 
 
@@ -218,6 +231,26 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col, mx._rowwise_scale), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
+    tw_tiles = [(64, 128, 4), (128, 128, 8), (128, 64, 4), (32, 256, 4), (64, 256, 8)]
+    best = None
+    for tiles in tw_tiles:  # always swept (new kernel); the dual-layout cast pass decides the tile
+        try:
+            t = bench(lambda tiles=tiles: mx_triton.quantize_tensorwise(x, True, True, "e4m3", tiles=tiles), rep=100)
+        except Exception as e:
+            print(f"tile {tiles} for tensorwise failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+            continue
+        if best is None or t < best[0]:
+            best = (t, tiles)
+    mx_triton.TENSORWISE_TILES = tuple(best[1])
+    t_amax = bench(lambda: mx_triton.tensorwise_scale(x, "e4m3"), rep=100)
+    for label, row, col in (("tensorwise rows (amax pass + cast pass)", True, False),
+                            ("tensorwise both layouts (amax pass + one cast pass)", True, True)):
+        t = bench(lambda row=row, col=col: mx_triton.quantize_tensorwise(x, row, col, "e4m3"), rep=100)
+        bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
+        out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(best[1])))
+    bw = nbytes_in / t_amax / 1e9
+    out.append(dict(kernel="tensorwise amax pass alone (read only)", ms=t_amax, tbps=bw, pct_copy=100 * bw / copy_bw,
+                    tiles=[64, 256, 4]))
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9
@@ -230,9 +263,44 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
     return copy_bw, out
 
 
+def _recipe_gemm_times(plan, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
+    xa, xt = plan.act_both(x, saved_input=True)
+    wa, wt = plan.weight(w)
+    dya, dyt = plan.act_both(dy, grad=True)
+    bf = torch.bfloat16
+    return dict(fwd=bench(lambda: plan.gemm(xa, wa, bf, fast_accum=True)), dgrad=bench(lambda: plan.gemm(dya, wt, bf)),
+                wgrad=bench(lambda: plan.gemm(dyt, xt, bf)))
+
+
+def time_gemms(dev: str, m: int = 65536, k: int = 1024, n: int = 4096) -> list[dict]:
+    """The three GEMMs of each recipe on pre-quantized operands (no quantization in the timed region)."""
+    from kernels.fp8_linear import _Plan
+
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+    out = []
+    ref = {"fwd": bench(lambda: x @ w.t()), "dgrad": bench(lambda: dy @ w), "wgrad": bench(lambda: dy.t() @ x)}
+    out.append(dict(recipe="bf16 torch.mm", **ref))
+    for label, kw in (("tensorwise", dict(recipe="tensorwise")), ("rowwise", dict(recipe="rowwise")),
+                      ("blockwise", dict(recipe="blockwise"))):
+        try:
+            out.append(dict(recipe=label, **_recipe_gemm_times(_Plan.make(Fp8Config(**kw), x, "time_gemms"),
+                                                               x, w, dy)))
+        except Exception as e:
+            out.append(dict(recipe=label, fwd=float("nan"), dgrad=float("nan"), wgrad=float("nan"),
+                            error=f"{type(e).__name__}: {e}"[:200]))
+    flops = 2 * m * k * n
+    for r in out:
+        r["tflops"] = {g: flops / r[g] / 1e9 for g in ("fwd", "dgrad", "wgrad")}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="interaction shapes only")
+    ap.add_argument("--mlp-only", action="store_true", help="the two large MLP shapes only")
     ap.add_argument("--sweep", action="store_true", help="try several tile shapes per quantizer")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -240,12 +308,13 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     checks = check_quantizers(dev) + check_linears(dev)
     copy_bw, quant = time_quantizers(dev, args.sweep)  # first: the linears then use the best tiles
-    shapes = LINEAR_SHAPES[2:] if args.quick else LINEAR_SHAPES
+    shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
+    gemms = time_gemms(dev)
     lin = time_linears(dev, shapes)
-    print("tiles used:", mx_triton.TILES)
+    print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant), f, indent=1)
+            json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant, gemms=gemms), f, indent=1)
 
     print("\n## checks")
     for k, v in checks:
@@ -265,6 +334,13 @@ def main() -> None:
         print("\n| MLP 1024->4096->1024 (both linears) | ms | ratio |\n|---|---|---|")
         for v, ts in by_variant.items():
             print(f"| {v} | {sum(ts):.3f} | {ref / sum(ts):.2f}x |")
+    print("\n## GEMMs alone, mlp up 65536x1024->4096 (operands quantized beforehand): ms (TFLOP/s)")
+    print("| recipe | output | input gradient | weight gradient | sum | sum vs bf16 |\n|---|---|---|---|---|---|")
+    ref_sum = gemms[0]["fwd"] + gemms[0]["dgrad"] + gemms[0]["wgrad"]
+    for r in gemms:
+        tot = r["fwd"] + r["dgrad"] + r["wgrad"]
+        cells = " | ".join(f"{r[g]:.3f} ({r['tflops'][g]:.0f})" for g in ("fwd", "dgrad", "wgrad"))
+        print(f"| {r['recipe']} | {cells} | {tot:.3f} | {ref_sum / tot:.2f}x |{' ' + r['error'] if 'error' in r else ''}")
     print(f"\n## quantizers on 65536x4096 bf16 (copy: {copy_bw:.2f} TB/s read+write)")
     print("| kernel | ms | TB/s | % of copy | tiles (rows, cols, warps) |\n|---|---|---|---|---|")
     for r in quant:

@@ -153,6 +153,8 @@ def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, 
            "--steps", str(args.steps)]
     if args.data_dir:
         cmd += ["--data-dir", str(args.data_dir)]
+    if args.cpu:
+        cmd.append("--cpu")
     cmd += ["--"] + extra
     log = open(run_dir / "stderr.log", "w")  # noqa: SIM115 (closed with the process below)
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -170,7 +172,17 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
     running: dict[str, subprocess.Popen] = {}
     results: dict[str, dict | None] = {n: None for n in names}
     i = 0
+    t_end = time.monotonic() + args.deadline if args.deadline else math.inf
     while pending or running:
+        if time.monotonic() > t_end:
+            for n, p in running.items():
+                p.kill()
+                p.wait()
+                p.log.close()  # type: ignore[attr-defined]
+                results[n] = {"error": f"stopped at the {args.deadline:.0f} s deadline"}
+            for n in pending:
+                results[n] = {"error": "not started before the deadline"}
+            break
         while pending and len(running) < args.parallel:
             n = pending.pop(0)
             running[n] = _spawn(n, args.run_root / _dir_name(n), gpus[i % len(gpus)], args, extra)
@@ -207,6 +219,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--run-root", type=Path, default=None)
     ap.add_argument("--data-dir", type=Path, default=None, help="train/ and eval/ synthetic splits (written if absent)")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries here")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="GPU: seconds after which unfinished runs are stopped (the table shows them as failed)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
     args = ap.parse_args(argv)
     args.steps = args.steps or (6 if args.cpu else 200)
@@ -229,7 +243,7 @@ def main(argv: list[str]) -> int:
         names.insert(0, "bf16")
     t0 = time.perf_counter()
     write_data(args.steps, args.data_dir, args.cpu, extra)
-    if args.cpu:
+    if args.cpu and args.parallel <= 1:
         import torch
 
         threads = torch.get_num_threads()
@@ -239,7 +253,7 @@ def main(argv: list[str]) -> int:
                 results[n] = run_one(n, args.run_root / _dir_name(n), args.steps, args.data_dir, True, extra)
         finally:
             torch.set_num_threads(threads)  # the CPU config pins one thread for the run
-    else:
+    else:  # one process per variant (with --cpu and --parallel > 1: the same path on CPU)
         results = run_parallel(names, args, extra)
     where = "CPU (emulated recipes, demo schema, tiny model)" if args.cpu else "configs/gem_medium.yaml"
     print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "

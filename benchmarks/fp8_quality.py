@@ -44,8 +44,6 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},
     "fp8 attention kernel": {"attention_kernel": "fp8"},
-    "blockwise wgrad=bf16 + fp8 attention": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16",
-                                             "attention_kernel": "fp8"},
 }
 CPU_VARIANTS = ("bf16", "bf16 (repeat)", "blockwise", "tensorwise", "mxfp8 (hopper: emulate)",
                 "fp8 attention kernel")

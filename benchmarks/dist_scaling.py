@@ -1,17 +1,29 @@
 """Weak scaling of data-parallel training: 1 GPU vs N GPUs at the same per-GPU batch.
 
     torchrun --nproc-per-node 2 benchmarks/dist_scaling.py [--config configs/gem_medium.yaml] [--steps 8]
+        [--dense fsdp,ddp] [--splits contiguous,balanced]
 
-One torchrun, two phases in the same processes (so imports and kernel compiles happen once):
-1. baseline: every rank trains its own copy of the model alone on its own GPU (the single-GPU
-   path: no process group traffic), `steps` timed steps after warm-up;
+One torchrun, all rows in the same processes (imports and kernel compiles happen once). Every rank
+builds the same global batches (`--batches` of N x batch rows, synthetic, `ingest.synth`) and takes
+its share of each in one of two ways (`--splits`):
+- contiguous: rank r takes rows [r*b, (r+1)*b) (the ranks' history lengths differ as they come);
+- balanced: the global batch's rows sorted by history events and dealt to the ranks in serpentine
+  order (0..N-1, N-1..0, ...), as the loader's length-aware batching (ingest/batching.py) and GEM's
+  batch shuffling do, so every rank gets about the same events.
+For each split:
+1. baseline: every rank trains its own copy of the model alone on its own GPU (the single-GPU step:
+   no process group traffic), `steps` timed steps after warm-up; the 1-GPU rate is the batch over
+   the mean of the ranks' step times;
 2. data parallel over all ranks with `model.parallelize.parallelize` (`distributed.sparse:
-   replicate`: the tables replicated with a sparse-row gradient all-reduce, since fbgemm's CUDA
-   kernels are not on the benchmark machine; the dense blocks under FSDP2), same per-rank batch.
-Examples/s = global examples / wall time; scaling ratio = (N-GPU examples/s) / (N x 1-GPU examples/s).
-Communication share: the last 3 steps of phase 2 run under the profiler; NCCL kernel time not
-overlapped by any compute kernel, over the profiled wall time ("exposed"), and all NCCL time.
-Batches are synthetic (`ingest.synth`), made once and resident on the GPU: the loader is not timed.
+   replicate`: tables replicated with a row-sparse gradient all-reduce, since fbgemm's CUDA kernels
+   are not on the benchmark machine), once per `--dense` layout: fsdp (FSDP2 per block, bf16 params),
+   fsdp_keep (the same, `reshard_after_forward: false`), ddp (torch DDP, bucketed all-reduce during
+   backward), ddp_bf16 (the same with the buckets sent as bf16, `reduce_dtype: bf16`), with the
+   distributed trainer's optimizer wrapper (`_ClippedOptimizer`).
+Examples/s = global examples / the slowest rank's step time; scaling ratio = (N-GPU examples/s) /
+(N x 1-GPU examples/s) of the same split. Communication share: 3 more steps under the profiler;
+NCCL kernel time not overlapped by any compute kernel over the profiled wall time ("exposed"), and
+all NCCL kernel time ("total"). Batches are resident on the GPU: the loader is not timed.
 Rank 0 prints one table and writes it to --out (JSON).
 """
 
@@ -31,14 +43,45 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def _batches(schema, rows: int, n: int, seed: int, device):
-    from ingest.convert import table_to_batch
+def _global_tables(schema, rows: int, n: int, seed: int):
     from ingest.synth import generate_table
 
+    return [generate_table(schema, rows, seed=seed, start_row=i * rows) for i in range(n)]
+
+
+def _row_events(table, schema):
+    import pyarrow.compute as pc
+
+    from ingest.batching import row_events
+
+    lens = [pc.list_value_length(table.column(s.name)).fill_null(0).to_numpy(zero_copy_only=False)
+            for s in schema.sequences]
+    return row_events(lens, [s.max_length for s in schema.sequences])
+
+
+def split_rows(events, world: int, rank: int, how: str):
+    """This rank's row indices of one global batch: contiguous, or balanced (serpentine by events)."""
+    import numpy as np
+
+    n = len(events)
+    per = n // world
+    if how == "contiguous":
+        return np.arange(rank * per, (rank + 1) * per)
+    order = np.argsort(-np.asarray(events), kind="stable")
+    lane = np.arange(n) % world
+    bins = np.where((np.arange(n) // world) % 2 == 0, lane, world - 1 - lane)
+    return np.sort(order[bins == rank])
+
+
+def _batches(schema, tables, world: int, rank: int, how: str, device):
+    import pyarrow as pa
+
+    from ingest.convert import table_to_batch
+
     out = []
-    for i in range(n):
-        b = table_to_batch(generate_table(schema, rows, seed=seed, start_row=i * rows), schema)
-        out.append(b.to(device))
+    for t in tables:
+        idx = split_rows(_row_events(t, schema), world, rank, how)
+        out.append(table_to_batch(t.take(pa.array(idx)), schema).to(device))
     return out
 
 
@@ -104,109 +147,180 @@ def _single_gpu(schema, cfg, tasks, batches, dev, autocast: bool, warmup: int, s
     return _time_steps(step, batches, warmup, steps, dev), first
 
 
+def _link_probe(dev, sizes_mb=(1, 8, 32)) -> list[dict]:
+    """Bus bandwidth of a float32 all-reduce and all-gather between the ranks (NCCL's busbw: all-reduce
+    bytes x 2(n-1)/n, all-gather output bytes x (n-1)/n, over the median time of 5 after 2 warm-ups)."""
+    import statistics
+
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    out = []
+    for mb in sizes_mb:
+        x = torch.ones(mb * 2**18, device=dev)
+        g = torch.empty(n * x.numel(), device=dev)
+        for name, fn, factor in (("all_reduce", lambda x=x: dist.all_reduce(x), 2 * (n - 1) / n),
+                                 ("all_gather", lambda g=g, x=x: dist.all_gather_into_tensor(g, x), (n - 1))):
+            times = []
+            for i in range(7):
+                _sync(dev)
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                _sync(dev)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            out.append({"op": name, "mb": mb, "ms": 1e3 * t, "busbw_gb_s": factor * mb * 2**20 / t / 1e9})
+    return out
+
+
+DENSE = {"fsdp": {"dense": "fsdp"}, "fsdp_keep": {"dense": "fsdp", "reshard_after_forward": False},
+         "ddp": {"dense": "ddp"}, "ddp_bf16": {"dense": "ddp", "reduce_dtype": "bf16"}}
+
+
+def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str, a, info, profile_table: bool) -> dict:
+    """The distributed trainer's step under `parallelize` (tables replicated); -> timings of this rank."""
+    from model import build_model
+    from model.parallelize import ParallelConfig, parallelize
+    from train.dist_trainer import _ClippedOptimizer
+    from train.dist_trainer import build_optimizer as dist_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(schema, cfg.model).to(dev)
+    pz = parallelize(model, schema, ParallelConfig(sparse="replicate", **DENSE[dense]), dev,
+                     batch_size=cfg.train.batch_size, loss_tasks=tasks, log=lambda _m: None)
+    copt, dparams = dist_optimizer(pz, cfg)
+    opt = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync)
+
+    def step(b):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+            loss, _ = pz.model(b)
+        loss.backward()
+        opt.step()
+
+    t = _time_steps(step, batches, a.warmup, a.steps, dev) / a.steps
+    res = {"step_s": t}
+    if dev.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        _sync(dev)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            tp = time.perf_counter()
+            for i in range(3):
+                step(batches[i % len(batches)])
+            _sync(dev)
+            tp = time.perf_counter() - tp
+        exposed, total = _exposed_comm(prof)
+        if profile_table and info.is_main:
+            print(f"# profile of 3 steps, rank 0, dense {dense}")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+        res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total,
+                   sparse_rows_sent=pz.replicated_sync.rows_sent, sparse_rows_received=pz.replicated_sync.rows_received)
+    return res  # the model goes with this frame; the caller frees the memory
+
+
+def _free(dev) -> None:
+    import gc
+
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=str(REPO / "configs" / "gem_medium.yaml"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=3, help="distinct synthetic batches per rank, cycled")
+    ap.add_argument("--batches", type=int, default=3, help="distinct global batches, cycled")
+    ap.add_argument("--dense", default="fsdp,ddp", help="comma-separated: " + ", ".join(DENSE))
+    ap.add_argument("--splits", default="contiguous,balanced", help="comma-separated: contiguous, balanced")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default="")
-    ap.add_argument("--kernel-table", action="store_true", help="rank 0 prints the profiled step's top kernels")
+    ap.add_argument("--kernel-table", action="store_true", help="rank 0 prints each profiled layout's top kernels")
     a, overrides = ap.parse_known_args(argv)
+    denses = [d for d in a.dense.split(",") if d]
+    splits = [x for x in a.splits.split(",") if x]
+    bad = [d for d in denses if d not in DENSE] + [x for x in splits if x not in ("contiguous", "balanced")]
+    if bad:
+        ap.error(f"unknown --dense / --splits value(s): {', '.join(bad)}")
 
     import torch.distributed as dist
 
     from features import load_schema
-    from model import build_model
-    from model.parallelize import ParallelConfig, parallelize
     from train import distributed as tdist
     from train.config import load_run_config
-    from train.dist_trainer import build_optimizer as dist_optimizer
 
     cfg = load_run_config(a.config, overrides)
     info = tdist.setup(a.device, timeout_s=180)
     dev = info.device
+    n = info.world_size
     schema = load_schema(cfg.schema_path())
     tasks = list(schema.label_names)
     bsz = cfg.train.batch_size
     autocast = dev.type == "cuda" and cfg.train.bf16
     t_data = time.perf_counter()
-    batches = _batches(schema, bsz, a.batches, seed=1000 + info.rank, device=dev)
+    tables = _global_tables(schema, n * bsz, a.batches, seed=1000)
     t_data = time.perf_counter() - t_data
-    events = sum(int(b.seq_offsets[s.name][-1]) for b in batches for s in schema.sequences) / len(batches)
-
-    # ---- phase 1: one GPU each, no communication --------------------------------------------------
-    t1, t_compile = _single_gpu(schema, cfg, tasks, batches, dev, autocast, a.warmup, a.steps)
-    print(f"rank {info.rank}: 1 GPU alone: {1e3 * t1 / a.steps:.1f} ms/step (first step {t_compile:.1f} s, "
-          f"data {t_data:.1f} s, {events:,.0f} events/batch)", flush=True)
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    if info.world_size > 1:
-        dist.barrier()
-
-    # ---- phase 2: data parallel over every rank ---------------------------------------------------
-    res = {"world_size": info.world_size, "batch_per_rank": bsz, "mean_events_per_batch": events,
-           "one_gpu_step_s": t1 / a.steps, "first_step_s": t_compile, "data_s": t_data}
-    if info.world_size > 1:
-        torch.manual_seed(0)
-        model = build_model(schema, cfg.model).to(dev)
-        pz = parallelize(model, schema, ParallelConfig(sparse="replicate"), dev, batch_size=bsz,
-                         loss_tasks=tasks, log=lambda _m: None)
-        copt, dparams = dist_optimizer(pz, cfg)
-        from train.dist_trainer import _ClippedOptimizer
-
-        opt2 = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync)
-
-        def step2(b):
-            opt2.zero_grad(set_to_none=True)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-                loss, _ = pz.model(b)
-            loss.backward()
-            opt2.step()
-
-        t2 = _time_steps(step2, batches, a.warmup, a.steps, dev)
-        res["dp_step_s"] = t2 / a.steps
-        print(f"rank {info.rank}: data parallel x{info.world_size}: {1e3 * t2 / a.steps:.1f} ms/step", flush=True)
-        if dev.type == "cuda":
-            from torch.profiler import ProfilerActivity, profile
-
-            _sync(dev)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                tp = time.perf_counter()
-                for i in range(3):
-                    step2(batches[i % len(batches)])
-                _sync(dev)
-                tp = time.perf_counter() - tp
-            exposed, total = _exposed_comm(prof)
-            if a.kernel_table and info.is_main:
-                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
-            res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total,
-                       sparse_rows_synced=pz.replicated_sync.rows_sent)
-        steps = tdist.all_gather_floats(t2 / a.steps)
-        res["dp_step_s_per_rank"] = steps
-    ones = tdist.all_gather_floats(t1 / a.steps)
-    res["one_gpu_step_s_per_rank"] = ones
-    if info.is_main:
-        n = info.world_size
-        one_rate = bsz / (sum(ones) / len(ones))
-        lines = [f"# weak scaling, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-                 f"torch {torch.__version__}, {Path(a.config).name}, batch {bsz}/GPU "
-                 f"(~{events:,.0f} history events/batch), bf16={autocast}, {a.steps} timed steps",
-                 "| GPUs | step ms | examples/s | scaling ratio | comm exposed | comm total |", "|---|---|---|---|---|---|",
-                 f"| 1 | {1e3 * sum(ones) / len(ones):.1f} | {one_rate:,.0f} | 1.00 | - | - |"]
-        if n > 1:
-            dp = max(res["dp_step_s_per_rank"])
+    res: dict = {"world_size": n, "batch_per_rank": bsz, "data_s": t_data, "rows": []}
+    lines = []
+    if n > 1 and dev.type == "cuda":
+        res["link"] = _link_probe(dev)
+        lines_link = ", ".join(f"{x['op']} {x['mb']} MB {x['ms']:.2f} ms ({x['busbw_gb_s']:.1f} GB/s)"
+                               for x in res["link"])
+    else:
+        lines_link = ""
+    for how in splits:
+        batches = _batches(schema, tables, n, info.rank, how, dev)
+        events = sum(int(b.seq_offsets[s.name][-1]) for b in batches for s in schema.sequences) / len(batches)
+        t1, t_first = _single_gpu(schema, cfg, tasks, batches, dev, autocast, a.warmup, a.steps)
+        t1 /= a.steps
+        _free(dev)
+        print(f"rank {info.rank} [{how}]: 1 GPU alone: {1e3 * t1:.1f} ms/step (first step {t_first:.1f} s, "
+              f"{events:,.0f} events/batch)", flush=True)
+        ones = tdist.all_gather_floats(t1)
+        evs = tdist.all_gather_floats(events)
+        one_rate = bsz / (sum(ones) / n)
+        res["rows"].append({"gpus": 1, "split": how, "step_s_per_rank": ones, "events_per_rank": evs,
+                            "examples_per_s": one_rate})
+        lines.append(f"| 1 | {how} | - | {1e3 * sum(ones) / n:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in ones)} "
+                     f"| {' / '.join(f'{e / 1e3:.1f}k' for e in evs)} | {one_rate:,.0f} | 1.00 | - | - |")
+        if n == 1:
+            continue
+        for dense in denses:
+            if n > 1:
+                dist.barrier()
+            r = _data_parallel(schema, cfg, tasks, batches, dev, autocast, dense, a, info, a.kernel_table)
+            _free(dev)
+            steps = tdist.all_gather_floats(r["step_s"])
+            dp = max(steps)
             rate = n * bsz / dp
-            res.update(one_gpu_examples_per_s=one_rate, dp_examples_per_s=rate, scaling_ratio=rate / (n * one_rate))
-            share = (f"{100 * res['comm_exposed_s'] / res['profiled_s']:.1f}%" if "profiled_s" in res else "n/a")
-            tot = (f"{100 * res['comm_total_s'] / res['profiled_s']:.1f}%" if "profiled_s" in res else "n/a")
-            lines.append(f"| {n} | {1e3 * dp:.1f} | {rate:,.0f} | {res['scaling_ratio']:.3f} | {share} | {tot} |")
-        print("\n".join(lines), flush=True)
-        res["table"] = lines
+            row = {"gpus": n, "split": how, "dense": dense, "step_s_per_rank": steps, "examples_per_s": rate,
+                   "scaling_ratio": rate / (n * one_rate), **{k: v for k, v in r.items() if k != "step_s"}}
+            res["rows"].append(row)
+            exp = f"{100 * r['comm_exposed_s'] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
+            tot = f"{100 * r['comm_total_s'] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
+            lines.append(f"| {n} | {how} | {dense} | {1e3 * dp:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in steps)} "
+                         f"| {' / '.join(f'{e / 1e3:.1f}k' for e in evs)} | {rate:,.0f} | {row['scaling_ratio']:.3f} "
+                         f"| {exp} | {tot} |")
+        del batches
+        _free(dev)
+    if info.is_main:
+        head = [f"# weak scaling, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
+                f"torch {torch.__version__}, {Path(a.config).name}, batch {bsz}/GPU, bf16={autocast}, "
+                f"{a.steps} timed steps after {a.warmup}, {a.batches} global batches cycled; comm share of rank 0",
+                "| GPUs | split | dense | step ms (slowest rank) | step ms per rank | events/batch per rank "
+                "| examples/s | scaling ratio | comm exposed | comm total |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        if lines_link:
+            head.insert(1, f"# link (busbw): {lines_link}")
+        print("\n".join(head + lines), flush=True)
+        res["table"] = head + lines
         if a.out:
             Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-    if info.world_size > 1:
+    if n > 1:
         dist.barrier()
     tdist.teardown()
     return 0

@@ -6,7 +6,7 @@ Not a speed benchmark (2 cores run all the ranks): for each world size N the ran
 from this process (heavy imports once) into one gloo process group, and every rank runs each
 layout of `model.parallelize.parallelize` for one step on its slice of a global batch:
 
-- ddp: `distributed.dense: ddp` (FSDP2 over an N x 1 ("replicate", "shard") mesh: whole-gradient all-reduce);
+- ddp: `distributed.dense: ddp` (torch DDP on the dense part: whole-gradient all-reduce in buckets);
 - fsdp: FSDP2 over a 1D mesh of N;
 - hsdp RxS: FSDP2 over a 2D ("replicate", "shard") mesh (2x2 at 4, 2x4 and 4x2 at 8);
 - ep E: like fsdp, with the MoE's experts spread over E ranks (all-to-all dispatch/combine).

@@ -77,7 +77,9 @@ class ParallelConfig:
 
     sparse: str = "model_parallel"  # model_parallel (DMP shards the tables) | replicate (no DMP)
     sharding_group_size: int = 0  # > 0: 2D sparse parallelism (DMPCollection) with groups this size
-    dense: str = "fsdp"  # fsdp | ddp
+    dense: str = "fsdp"  # fsdp | ddp (torch DDP: bucketed all-reduce overlapped with backward)
+    reshard_after_forward: bool = True  # fsdp: False keeps each block's gathered parameters until backward
+    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype dense gradients are reduced in (bf16 halves the bytes)
     replicate: int = 1  # HSDP: replicate degree of the ("replicate", "shard") mesh; 1 = plain FSDP
     mixed_precision: str = "auto"  # auto (bf16 on GPU) | bf16 | none
     activation_checkpointing: bool = False
@@ -103,6 +105,8 @@ class ParallelConfig:
             raise ParallelConfigError(f"distributed.sparse={cfg.sparse!r}: use model_parallel or replicate")
         if cfg.dense not in ("fsdp", "ddp"):
             raise ParallelConfigError(f"distributed.dense={cfg.dense!r}: use fsdp or ddp")
+        if cfg.reduce_dtype not in ("fp32", "bf16"):
+            raise ParallelConfigError(f"distributed.reduce_dtype={cfg.reduce_dtype!r}: fp32 or bf16")
         if cfg.mixed_precision not in ("auto", "bf16", "none"):
             raise ParallelConfigError(f"distributed.mixed_precision={cfg.mixed_precision!r}: auto, bf16 or none")
         return cfg
@@ -380,24 +384,65 @@ def dense_blocks(root: nn.Module, keep_out=lambda _m: False) -> list[tuple[str, 
 
 
 def apply_fsdp(root: nn.Module, mesh, *, mixed_precision: bool, activation_checkpointing: bool,
-               keep_out=lambda _m: False) -> list[str]:
+               keep_out=lambda _m: False, reshard_after_forward: bool = True,
+               reduce_dtype: torch.dtype = torch.float32) -> list[str]:
     """fully_shard on each dense block, then on the root for every other parameter (heads, norms,
     input projections) except those of kept-out modules; returns the unit names."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
+    bf16 = (MixedPrecisionPolicy(param_dtype=torch.bfloat16 if mixed_precision else None, reduce_dtype=reduce_dtype)
+            if mixed_precision or reduce_dtype != torch.float32 else None)
     blocks = dense_blocks(root, keep_out)
     names = []
     for path, block in blocks:
         if activation_checkpointing:
             _checkpoint_block(block)
-        fully_shard(block, mesh=mesh, **({"mp_policy": bf16} if bf16 is not None else {}))
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                    **({"mp_policy": bf16} if bf16 is not None else {}))
         names.append(path)
     ignored = {p for m in root.modules() if keep_out(m) for p in m.parameters()}
     # the root keeps float32 (heads, norms, projections of the inputs); under autocast matmuls run bf16
     fully_shard(root, mesh=mesh, ignored_params=ignored)
     names.append("<root>")
     return names
+
+
+def apply_ddp(root: nn.Module, device: torch.device, *, activation_checkpointing: bool,
+              keep_out=lambda _m: False, bucket_cap_mb: float = 25.0, reduce_bf16: bool = False) -> list[str]:
+    """torch DDP on the root, in place (composable `replicate`: module names and state-dict keys
+    stay as they are), the kept-out modules (tables, expert-parallel MoEs) ignored. Gradients are
+    all-reduced in buckets of `bucket_cap_mb` while backward still runs, with the parameters in
+    float32 as on one device (bf16 compute comes from autocast). For a dense part this small,
+    replication costs one all-reduce of the gradients instead of FSDP2's gathers per block."""
+    from torch.distributed._composable.replicate import replicate
+
+    names = []
+    if activation_checkpointing:
+        for path, block in dense_blocks(root, keep_out):
+            _checkpoint_block(block)
+            names.append(path)
+    ignored = [m for m in root.modules() if m is not root and keep_out(m)]
+    replicate(root, ignored_modules=ignored, device_id=device, bucket_cap_mb=bucket_cap_mb,
+              gradient_as_bucket_view=True)
+    if reduce_bf16:  # buckets travel as bf16, the average is written back to the float32 gradients
+        root.register_comm_hook(None, _bf16_bucket_hook)
+    return names + ["<root: ddp>"]
+
+
+def _bf16_bucket_hook(_state, bucket):
+    """DDP comm hook: all-reduce the bucket as bf16 (half the bytes), averaged, back into float32.
+    (torch's bf16_compress_hook does the same on NCCL only; this one runs on gloo too.)"""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    low = buf.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = dist.all_reduce(low, async_op=True).get_future()
+
+    def back(f):
+        buf.copy_(f.value()[0])
+        return buf
+
+    return fut.then(back)
 
 
 def _checkpoint_block(block: nn.Module) -> None:
@@ -413,13 +458,28 @@ def _checkpoint_block(block: nn.Module) -> None:
     block.activation_checkpointed = True
 
 
+def _nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the `count` non-zero entries of `mask`; with the count known, without a device sync."""
+    try:
+        return torch.nonzero_static(mask, size=count).flatten()
+    except (NotImplementedError, RuntimeError):  # a build without nonzero_static on this device
+        return mask.nonzero().flatten()
+
+
 class ReplicatedGradSync:
     """Averages the gradients of replicated embedding tables over ranks after backward
     (`distributed.sparse: replicate`, for machines without torchrec's sharded kernels).
 
-    A batch touches few rows of a large table, so only rows with a gradient on some rank travel:
-    each rank finds its non-zero rows, the row ids are all-gathered, and the union of rows is
-    all-reduced (a dense all-reduce of the whole table would move every row every step).
+    A batch touches few rows of a large table, so only the rows a rank touched travel, with a fixed
+    number of collectives and one host read per step whatever the number of tables:
+    - `start()` marks each table's rows with a gradient on this rank and all-gathers the per-table
+      row counts (one small collective); it returns them, on the device, `[world, tables]`;
+    - `finish(counts)` (those counts, read on the host) gathers this rank's rows of every table
+      (ids and values, each table padded to the largest count over ranks) into one buffer per
+      dtype, all-gathers ids and values once, and forms the average: own rows scaled by 1/world,
+      every other rank's rows added with weight 1/world.
+    Each rank sends its own rows once (an all-reduce of the union would move the union twice).
+    `sync()` does both; `_ClippedOptimizer` reads the counts and the gradient norm in one transfer.
     """
 
     def __init__(self, params: list[nn.Parameter], group=None):
@@ -428,33 +488,84 @@ class ReplicatedGradSync:
         self.params = params
         self.group = group
         self.world = dist.get_world_size(group)
-        self.rows_sent = 0  # rows all-reduced in the last sync (for logs / benchmarks)
+        self.rank = dist.get_rank(group)
+        self.rows_sent = 0  # rows this rank sent in the last sync (for logs / benchmarks)
+        self.rows_received = 0  # rows it received from the other ranks
+        self._masks: list[torch.Tensor] | None = None
 
-    def sync(self) -> None:
+    def start(self) -> torch.Tensor:
+        """Marks this rank's touched rows; returns every rank's per-table row counts `[world, tables]`."""
         import torch.distributed as dist
 
-        self.rows_sent = 0
+        masks = []
         for p in self.params:
             g = p.grad
-            if g is None:  # every rank must still take part: use a zero gradient
-                g = p.grad = torch.zeros_like(p)
-            g2 = g.view(g.shape[0], -1)
-            rows = g2.ne(0).any(dim=1).nonzero().flatten()
-            n = torch.tensor([rows.numel()], device=g.device)
-            counts = [torch.zeros_like(n) for _ in range(self.world)]
-            dist.all_gather(counts, n, group=self.group)
-            sizes = [int(c) for c in counts]
-            padded = torch.full((max(sizes),), -1, dtype=rows.dtype, device=g.device)
-            padded[: rows.numel()] = rows
-            gathered = [torch.empty_like(padded) for _ in range(self.world)]
-            dist.all_gather(gathered, padded, group=self.group)
-            union = torch.unique(torch.cat([t[:k] for t, k in zip(gathered, sizes)]))
-            if union.numel() == 0:
+            if g is None:  # every rank must still take part: no rows of this table here
+                masks.append(torch.zeros(p.shape[0], dtype=torch.bool, device=p.device))
+            else:  # any() reads the float rows directly (no temporary of the table's size)
+                masks.append(g.view(g.shape[0], -1).any(dim=1))
+        self._masks = masks
+        counts = torch.stack([m.sum() for m in masks])
+        if self.world == 1:
+            return counts.view(1, -1)
+        out = torch.empty(self.world * counts.numel(), dtype=counts.dtype, device=counts.device)
+        dist.all_gather_into_tensor(out, counts, group=self.group)
+        return out.view(self.world, -1)
+
+    def finish(self, counts: list[list[int]]) -> None:
+        """Exchanges the touched rows and averages them (`counts`: `start()`'s result on the host)."""
+        import torch.distributed as dist
+
+        if self._masks is None:
+            raise ParallelConfigError("ReplicatedGradSync.finish() without start()")
+        masks, self._masks = self._masks, None
+        w, me = self.world, self.rank
+        self.rows_sent = sum(counts[me])
+        self.rows_received = sum(sum(c) for r, c in enumerate(counts) if r != me)
+        groups: dict[torch.dtype, list[tuple]] = {}  # dtype -> (grad rows view, own ids, table index, padded rows)
+        for t, (p, m) in enumerate(zip(self.params, masks)):
+            pad = max(c[t] for c in counts)
+            if pad == 0:
                 continue
-            part = g2.index_select(0, union)
-            dist.all_reduce(part, group=self.group)
-            g2.index_copy_(0, union, part.div_(self.world))
-            self.rows_sent += int(union.numel())
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g2 = p.grad.view(p.shape[0], -1)
+            own = _nonzero(m, counts[me][t])
+            groups.setdefault(g2.dtype, []).append((g2, own, t, pad))
+        for items in groups.values():
+            dev = items[0][0].device
+            n_ids = sum(pad for *_, pad in items)
+            n_vals = sum(pad * g2.shape[1] for g2, *_, pad in items)
+            ids = torch.zeros(n_ids, dtype=torch.int64, device=dev)
+            vals = torch.zeros(n_vals, dtype=items[0][0].dtype, device=dev)
+            i = v = 0
+            for g2, own, _t, pad in items:
+                k = own.numel()
+                ids[i:i + k] = own
+                rows = g2.index_select(0, own)
+                vals[v:v + k * g2.shape[1]] = rows.flatten()
+                g2.index_copy_(0, own, rows.div_(w))  # own share of the average
+                i += pad
+                v += pad * g2.shape[1]
+            if w > 1:
+                all_ids = torch.empty(w * n_ids, dtype=ids.dtype, device=dev)
+                all_vals = torch.empty(w * n_vals, dtype=vals.dtype, device=dev)
+                dist.all_gather_into_tensor(all_ids, ids, group=self.group)
+                dist.all_gather_into_tensor(all_vals, vals, group=self.group)
+                for r in range(w):
+                    if r == me:
+                        continue
+                    i, v = r * n_ids, r * n_vals
+                    for g2, _own, t, pad in items:
+                        k = counts[r][t]
+                        if k:
+                            g2.index_add_(0, all_ids[i:i + k], all_vals[v:v + k * g2.shape[1]].view(k, -1),
+                                          alpha=1.0 / w)
+                        i += pad
+                        v += pad * g2.shape[1]
+
+    def sync(self) -> None:
+        self.finish(self.start().tolist())
 
 
 # ---- the entry point ---------------------------------------------------------------------------------
@@ -523,7 +634,8 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         tm.to(device)
         table_params = [p for m in tables for p in m.parameters()]
         sync = ReplicatedGradSync(table_params)
-        units = _dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: any(m is t for t in tables) or is_ep(m))
+        units = _dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: any(m is t for t in tables) or is_ep(m),
+                            device=device)
         log(f"distributed: {ws} ranks, tables replicated (gradients all-reduced), dense units: {len(units)}")
         return Parallelized(model=tm, train_module=tm, mesh=mesh, fsdp_units=units, replicated_sync=sync)
 
@@ -559,7 +671,8 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         def wrap(self, dmp, env, device_):
             from torchrec.distributed.types import ShardedModule
 
-            units.extend(_dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: isinstance(m, ShardedModule) or is_ep(m)))
+            units.extend(_dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: isinstance(m, ShardedModule) or is_ep(m),
+                                     device=device_))
 
     if group == ws:
         dmp = DistributedModelParallel(tm, device=device, plan=plan, sharders=sharders,
@@ -601,16 +714,14 @@ def _load_tables(dmp: nn.Module, full: dict[str, torch.Tensor]) -> None:
                 st.copy_(value)
 
 
-def _dense_wrap(tm: TrainModule, cfg: ParallelConfig, mesh, mp: bool, keep_out) -> list[str]:
+def _dense_wrap(tm: TrainModule, cfg: ParallelConfig, mesh, mp: bool, keep_out, device: torch.device) -> list[str]:
     if cfg.dense == "fsdp":
         return apply_fsdp(tm, mesh, mixed_precision=mp, activation_checkpointing=cfg.activation_checkpointing,
-                          keep_out=keep_out)
-    # ddp: the whole dense part replicated (FSDP2 over a mesh of ("replicate", "shard") = (world, 1))
-    import torch.distributed as dist
-
-    ddp_mesh = build_mesh(mesh.device_type, replicate=dist.get_world_size())
-    return apply_fsdp(tm, ddp_mesh, mixed_precision=mp, activation_checkpointing=cfg.activation_checkpointing,
-                      keep_out=keep_out)
+                          keep_out=keep_out, reshard_after_forward=cfg.reshard_after_forward,
+                          reduce_dtype=torch.bfloat16 if cfg.reduce_dtype == "bf16" else torch.float32)
+    # ddp: the whole dense part replicated, gradients all-reduced in buckets during backward
+    return apply_ddp(tm, device, activation_checkpointing=cfg.activation_checkpointing, keep_out=keep_out,
+                     reduce_bf16=cfg.reduce_dtype == "bf16")
 
 
 # ---- meshes ------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import sys
 import time
@@ -51,17 +52,26 @@ class _ClippedOptimizer:
         self.opt.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None) -> None:
-        if self.sync is not None:
-            self.sync.sync()
+        # one host read per step: the replicated tables' row counts and the gradient norm together
+        counts = self.sync.start() if self.sync is not None else None
         grads = [p.grad for p in self.dense_params if p.grad is not None]
+        norm = global_grad_norm(grads, self.dense_params) if grads else None
+        parts = ([counts.flatten().double()] if counts is not None else []) + (
+            [norm.double().reshape(1)] if norm is not None else [])
+        host = torch.cat(parts).tolist() if parts else []
+        if self.sync is not None:
+            t = len(self.sync.params)
+            self.sync.finish([[int(c) for c in host[r * t:(r + 1) * t]] for r in range(counts.shape[0])])
         ok = True
-        if grads:
-            norm = global_grad_norm(grads, self.dense_params)
-            ok = bool(torch.isfinite(norm))
-            if ok and self.clip > 0 and float(norm) > self.clip:
-                coef = self.clip / (float(norm) + 1e-6)
-                for g in grads:
-                    g.mul_(coef)
+        if norm is not None:
+            n = host[-1]
+            ok = math.isfinite(n)
+            if ok and self.clip > 0 and n > self.clip:
+                from torch.distributed.tensor import DTensor
+
+                # in place on the local shards (a list may mix DTensor and plain gradients)
+                torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads],
+                                    self.clip / (n + 1e-6))
         self.last_ok = ok
         if ok:
             self.opt.step()
@@ -77,32 +87,41 @@ class _ClippedOptimizer:
 
 
 def global_grad_norm(grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of the whole (sharded) gradient, the same on every rank.
+    """The L2 norm of the whole (sharded) gradient, the same on every rank (a device scalar; no sync).
 
     FSDP2 DTensor gradients: each rank's shard counted once (shards replicated over an HSDP
     "replicate" dim divided by that size); expert-parallel experts: counted once per replica set;
-    gradients already identical on every rank (all-reduced by hooks): counted once, locally.
+    gradients already identical on every rank (DDP, all-reduced by hooks): counted once, locally.
+    Norms are taken per group with the fused (foreach) kernels, as `clip_grad_norm_` does.
     """
     from torch.distributed.tensor import DTensor, Replicate
 
-    dev = grads[0].device if not isinstance(grads[0], DTensor) else grads[0].to_local().device
-    summed = torch.zeros((), dtype=torch.float64, device=dev)
-    local = torch.zeros((), dtype=torch.float64, device=dev)
     replicas = {id(p.grad): getattr(p, "_ep_replicas", None) for p in params if p.grad is not None}
+    shared: dict[float, list[torch.Tensor]] = {}  # divisor -> tensors whose squares are summed over ranks
+    local: list[torch.Tensor] = []
     for g in grads:
         if isinstance(g, DTensor):
             rep = 1
             for size, pl in zip(g.device_mesh.shape, g.placements):
                 if isinstance(pl, Replicate):
                     rep *= size
-            summed += g.to_local().double().pow(2).sum() / rep
+            shared.setdefault(float(rep), []).append(g.to_local())
         elif replicas.get(id(g)):
-            summed += g.double().pow(2).sum() / replicas[id(g)]
+            shared.setdefault(float(replicas[id(g)]), []).append(g)
         else:
-            local += g.double().pow(2).sum()
-    if dist.is_initialized() and dist.get_world_size() > 1:
+            local.append(g)
+    dev = (local or [t for ts in shared.values() for t in ts])[0].device
+
+    def sq(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nn.utils.get_total_norm(ts, 2.0).double().pow(2) if ts else torch.zeros(
+            (), dtype=torch.float64, device=dev)
+
+    summed = torch.zeros((), dtype=torch.float64, device=dev)
+    for rep, ts in shared.items():
+        summed = summed + sq(ts) / rep
+    if dist.is_initialized() and dist.get_world_size() > 1:  # every rank, even with nothing shared here
         dist.all_reduce(summed)
-    return (summed + local).sqrt()
+    return (summed + sq(local)).sqrt()
 
 
 def build_optimizer(pz, cfg):

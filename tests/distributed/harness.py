@@ -99,7 +99,7 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
 def check_sharded(info, variants=None) -> dict:
     """Loss, dense gradients and table updates of one step equal a single process on the global batch."""
     variants = variants or {k: v for k, v in ALL_VARIANTS.items()
-                            if info.world_size == 2 or k in ("row_wise", "column_wise")}
+                            if info.world_size == 2 or k in ("row_wise", "column_wise", "replicate_tables_ddp")}
     return _check_sharded(info, variants)
 
 
@@ -112,12 +112,16 @@ ALL_VARIANTS = {
                     "ad": "column_wise", "interest": "column_wise"},
     "replicate_tables": {},
     "activation_checkpointing": {"item": "row_wise", "category": "row_wise"},
+    "ddp": {"item": "row_wise", "category": "row_wise"},
+    "replicate_tables_ddp": {},
 }
 
 
 # the tables replicated (no torchrec sharding; what a GPU without fbgemm's CUDA kernels runs) and HSDP
 PCFG = {"replicate_tables": {"sparse": "replicate", "replicate": 2},
-        "activation_checkpointing": {"activation_checkpointing": True}}
+        "activation_checkpointing": {"activation_checkpointing": True},
+        "ddp": {"dense": "ddp"},  # torch DDP on the dense part, the sharded tables ignored
+        "replicate_tables_ddp": {"sparse": "replicate", "dense": "ddp"}}  # the GPU benchmark's layout
 
 
 def _check_sharded(info, variants) -> dict:

@@ -74,8 +74,9 @@ def test_byte_counts_consistent(result):
             assert b["reduce_scatter"] == pred["reduce_scatter"]
             assert p / 2 <= b["reduce_scatter"] <= p / 2 + slack
     for rd, rf in zip(w["ddp"], w["fsdp"]):
-        # DDP-like: no sharding, the whole gradient all-reduced: 2 (N-1)/N x bytes more all-reduce than FSDP
-        assert rd["bytes"]["all_gather"] == rd["bytes"]["reduce_scatter"] == 0
+        # DDP: no sharding, the whole gradient all-reduced: 2 (N-1)/N x bytes more all-reduce than FSDP;
+        # DDP is built at the first forward (the counted step): its parameter-shape check all-gathers 8 bytes
+        assert rd["bytes"]["reduce_scatter"] == 0 and rd["bytes"]["all_gather"] <= 64
         assert p <= rd["bytes"]["all_reduce"] - rf["bytes"]["all_reduce"] <= p + slack
     for re, rf in zip(w["ep 2"], w["fsdp"]):
         # experts over both ranks: tokens travel by all-to-all instead of all-reducing expert gradients

@@ -7,7 +7,8 @@ import pytest
 
 # float32, the same sums in another order: per-rank batches, sharded lookups, all-to-alls
 TOL = 2e-5
-VARIANTS = ("table_wise", "row_wise", "column_wise", "replicate_tables", "activation_checkpointing")
+VARIANTS = ("table_wise", "row_wise", "column_wise", "replicate_tables", "activation_checkpointing", "ddp",
+            "replicate_tables_ddp")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -21,9 +22,11 @@ def test_sharded_step_equals_single_process(two_ranks, variant):
         # one SGD step of the fused table optimizer against the reference update (~6e-3 at most)
         assert v["table_max_err"] <= TOL * 0.1, (r, v["table_max_err"])
         assert v["table_update_max"] > 1e-3  # the tables did move: the comparison is not vacuous
-        # activation checkpointing wraps every dense block (and only in that variant)
-        assert (v["checkpointed_blocks"] == len(v["fsdp_units"]) - 1) == (variant == "activation_checkpointing")
-        if variant == "replicate_tables":  # no torchrec sharding; tables all-reduced, dense over a 2x1 HSDP mesh
+        if variant.endswith("ddp"):  # torch DDP (composable replicate) on the whole dense part, no FSDP2 unit
+            assert v["fsdp_units"] == ["<root: ddp>"] and v["checkpointed_blocks"] == 0
+        else:  # activation checkpointing wraps every dense block (and only in that variant)
+            assert (v["checkpointed_blocks"] == len(v["fsdp_units"]) - 1) == (variant == "activation_checkpointing")
+        if variant.startswith("replicate_tables"):  # no torchrec sharding; tables all-reduced (dense: 2x1 HSDP or DDP)
             assert v["plan"] == {}
             continue
         types = {p["sharding_type"] for p in v["plan"].values()}

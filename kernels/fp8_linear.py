@@ -130,6 +130,14 @@ class _Plan:
 
     # -- quantizers. An operand is a matrix quantized along its reduction dim, rows = output dim.
 
+    @property
+    def row_align(self) -> int:
+        """Token rows of the native blockwise GEMMs are padded to a multiple of this (1: no padding).
+        In gem_medium training (arbitrary token counts) cuBLAS's blockwise FP8 GEMM refused to run
+        (CUBLAS_STATUS_NOT_SUPPORTED) where the benchmark's 1000- and 65536-token shapes ran: the
+        column-major 1x128 scale's leading dimension is the token count, and padded rows keep it aligned."""
+        return 16 if self.native and self.recipe == "blockwise" and not self.mx_hopper else 1
+
     def act(self, x: torch.Tensor, axis: int, grad: bool = False) -> Any:
         if self.recipe == "bf16":
             return (x if axis == 1 else x.t()).to(torch.bfloat16)
@@ -187,6 +195,12 @@ class _Plan:
             db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
             return (da @ db.t()).to(out_dtype)
         return _scaled_mm(a, bt, self.recipe, out_dtype, fast_accum=fast_accum).to(out_dtype)
+
+
+def _pad_rows(x: torch.Tensor, align: int) -> torch.Tensor:
+    """Zero rows appended so the row count is a multiple of ``align`` (``x`` itself when it is)."""
+    pad = (-x.shape[0]) % align
+    return F.pad(x, (0, 0, 0, pad)) if pad else x
 
 
 def _pad16(x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -294,12 +308,13 @@ class _Fp8LinearFn(torch.autograd.Function):
         wgrad = plan.recipe if cfg.wgrad == "recipe" else cfg.wgrad
         fp8_wgrad = cfg.wgrad == "recipe"  # same precision as the layer
         need_wgrad = ctx.needs_input_grad[1]
+        xq = _pad_rows(x, plan.row_align)  # zero rows: add nothing to any GEMM, sliced off the outputs
         if fp8_wgrad and need_wgrad:
-            xa, xt = plan.act_both(x, saved_input=True)
+            xa, xt = plan.act_both(xq, saved_input=True)
         else:
-            xa, xt = plan.act(x, 1), None
+            xa, xt = plan.act(xq, 1), None
         wa, wt = plan.weight(w)
-        y = plan.gemm(xa, wa, x.dtype, bias=b, fast_accum=True)
+        y = plan.gemm(xa, wa, x.dtype, bias=b, fast_accum=True)[:m]
         ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
         ctx.xt, ctx.wt, ctx.m = xt, wt, m
         ctx.has_bias = b is not None
@@ -318,15 +333,16 @@ class _Fp8LinearFn(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dya = dyt = db = None
         want_db = ctx.has_bias and ctx.needs_input_grad[2]
+        dyq = _pad_rows(dy, plan.row_align)
         if ctx.fp8_wgrad and need_w:
             if want_db and plan.native and plan.recipe in ("mxfp8", "blockwise"):
-                dya, dyt, db = plan.act_both(dy, col_sums=True)  # bias gradient from the same read of dY
+                dya, dyt, db = plan.act_both(dyq, col_sums=True)  # bias gradient from the same read of dY
             else:
-                dya, dyt = plan.act_both(dy, grad=True)
+                dya, dyt = plan.act_both(dyq, grad=True)
         elif need_x:
-            dya = plan.act(dy, 1, grad=True)
+            dya = plan.act(dyq, 1, grad=True)
         if need_x:
-            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
+            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)[:ctx.m]
         if need_w:
             if ctx.fp8_wgrad:
                 dw = plan.gemm(dyt, ctx.xt, ctx.w_dtype)

@@ -174,3 +174,15 @@ def test_no_tokens_gives_an_empty_output_and_zero_gradients(recipe):
     y.sum().backward()
     assert x.grad.shape == (0, 64)
     assert torch.count_nonzero(layer.weight.grad) == 0 and torch.count_nonzero(layer.bias.grad) == 0
+
+
+def test_row_padding_only_for_native_blockwise():
+    from kernels.fp8_linear import _pad_rows, _Plan
+
+    x = torch.randn(37, 16)
+    p = _pad_rows(x, 16)
+    assert p.shape == (48, 16) and torch.equal(p[:37], x) and (p[37:] == 0).all()
+    assert _pad_rows(x, 1) is x
+    assert _Plan("blockwise", True, False, "triton").row_align == 16
+    assert _Plan("blockwise", False, False, "ref").row_align == 1  # emulated: no cuBLAS, no padding
+    assert _Plan("tensorwise", True, False, "triton").row_align == 1

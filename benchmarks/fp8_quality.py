@@ -37,7 +37,7 @@ TASKS = ("click", "conversion")
 VARIANTS: dict[str, dict[str, object]] = {
     "bf16": {},
     "bf16 (repeat)": {},
-    "blockwise, wgrad=bf16": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16"},
+    "blockwise wgrad=bf16": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16"},
     "blockwise": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "recipe"},
     "tensorwise": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe"},
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},

@@ -42,7 +42,7 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
 
 def test_variant_overrides_put_the_policy_in_the_precision_section():
     mod = _load()
-    ov = mod.variant_overrides("blockwise, wgrad=bf16", 7, None, cpu=True, extra=["--train.seed=3"])
+    ov = mod.variant_overrides("blockwise wgrad=bf16", 7, None, cpu=True, extra=["--train.seed=3"])
     assert "--train.steps=7" in ov and "--train.seed=3" in ov
     assert {"--precision.mlp=blockwise", "--precision.wgrad=bf16", "--precision.emulate=true"} <= set(ov)
     assert not any(o.startswith("--precision.") for o in mod.variant_overrides("bf16", 7, None, True, []))

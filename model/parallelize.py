@@ -12,7 +12,10 @@
   parameters (norms, heads, input projections; the tables are left out), over a 1D mesh or a 2D
   ("replicate", "shard") mesh (HSDP); `MixedPrecisionPolicy` bf16 params and compute with fp32
   gradient reduction on GPU for the blocks; optional activation checkpointing per block.
-  `dense: ddp` replicates instead (FSDP2 over a world x 1 mesh).
+  `dense: ddp` replicates instead: torch DDP (composable `replicate`, in place) on the root with the
+  tables and expert-parallel MoEs ignored, gradients all-reduced in buckets while backward runs
+  (`reduce_dtype: bf16` sends them as bf16). For a dense part of a few MB this moves one copy of
+  the gradients per step instead of FSDP2's per-block gathers and reduce-scatters.
 - **Tables replicated** (`sparse: replicate`, for GPUs without fbgemm's CUDA kernels): no DMP; the
   tables' gradients are all-reduced row-sparsely after backward (`ReplicatedGradSync`).
 - **Experts**: `ExpertParallelMoE` (model/expert_parallel.py) swaps each `MoE` for one that keeps num_experts / ep of
@@ -32,7 +35,10 @@ grid for an EmbeddingBagCollection and no grid at all. data_parallel on CPU fail
 (the dense kernel's batch split), so on CPU it is not used either. A table asking for a type the
 device lacks falls back (row_wise -> table_wise, grid -> table_column_wise / column_wise,
 data_parallel -> table_wise), said in the plan; `strict_sharding: true` makes that an error instead.
-2D sparse parallelism (`DMPCollection`) runs on CUDA only in torchrec 1.8.
+2D sparse parallelism: torchrec's `DMPCollection` on CUDA; on CPU `model.dmp_cpu.CpuDMPCollection`
+(torchrec 1.8 asserts CUDA in its constructor; the rest runs on gloo). The tables of each replica
+group take their own fused update and `Parallelized.after_step` (`sync()`) averages the replicas
+after every step, which for SGD equals the single-process update exactly.
 """
 
 from __future__ import annotations
@@ -583,6 +589,9 @@ class Parallelized:
     sparse_optimizer: Any = None  # DMP's fused optimizer (a torchrec KeyedOptimizer)
     replicated_sync: ReplicatedGradSync | None = None
     notes: list[PlanNote] = field(default_factory=list)
+    # called after every optimizer step: 2D sparse parallelism averages the table replicas
+    # (weights and optimizer state) over the replica groups (`DMPCollection.sync`)
+    after_step: Any = None
 
     def dense_named_parameters(self) -> dict[str, nn.Parameter]:
         """Trainable parameters outside the embedding tables (for the dense optimizer)."""
@@ -608,9 +617,6 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
     """
     import torch.distributed as dist
 
-    if cfg.sharding_group_size and device.type != "cuda":
-        raise ParallelConfigError("distributed.sharding_group_size (2D sparse parallelism) needs CUDA: torchrec's "
-                                  f"DMPCollection runs on GPUs only (device here: {device.type}); set it to 0")
     if not dist.is_initialized():
         raise ParallelConfigError("parallelize: no process group; call train.distributed.setup() first")
     ws = dist.get_world_size()
@@ -678,7 +684,10 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         dmp = DistributedModelParallel(tm, device=device, plan=plan, sharders=sharders,
                                        data_parallel_wrapper=_DenseWrapper())
     else:
-        from torchrec.distributed.model_parallel import DMPCollection
+        if device.type == "cuda":
+            from torchrec.distributed.model_parallel import DMPCollection
+        else:  # torchrec asserts CUDA in DMPCollection; the rest of it runs on gloo (model/dmp_cpu.py)
+            from model.dmp_cpu import CpuDMPCollection as DMPCollection
 
         dmp = DMPCollection(module=tm, device=device, plan=plan, world_size=ws, sharding_group_size=group,
                             global_pg=dist.GroupMember.WORLD, sharders=sharders,
@@ -691,7 +700,8 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         log(f"distributed: {ws} ranks, sparse: {'2D, groups of ' + str(group) if group != ws else 'model parallel'}, "
             f"dense: {cfg.dense} over mesh {tuple(mesh.shape)} ({len(units)} units), bf16: {mp}")
     return Parallelized(model=dmp, train_module=tm, plan=plan, plan_text=text, plan_dict=plan_to_dict(plan),
-                        mesh=mesh, fsdp_units=units, sparse_optimizer=dmp.fused_optimizer, notes=notes)
+                        mesh=mesh, fsdp_units=units, sparse_optimizer=dmp.fused_optimizer, notes=notes,
+                        after_step=dmp.sync if group != ws else None)
 
 
 def _load_tables(dmp: nn.Module, full: dict[str, torch.Tensor]) -> None:
@@ -706,6 +716,12 @@ def _load_tables(dmp: nn.Module, full: dict[str, torch.Tensor]) -> None:
                 for shard in st.local_shards():
                     o, z = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                     shard.tensor.copy_(value[o[0]:o[0] + z[0], o[1]:o[1] + z[1]])
+            elif hasattr(st, "to_local") and hasattr(st.to_local(), "local_shards"):
+                # DTensor over torchrec's LocalShardsWrapper (2D sparse / DMPCollection state dicts)
+                local = st.to_local()
+                for shard, o in zip(local.local_shards(), local.local_offsets()):
+                    z = shard.shape
+                    shard.copy_(value[o[0]:o[0] + z[0], o[1]:o[1] + z[1]])
             elif hasattr(st, "to_local"):  # DTensor
                 from torch.distributed.tensor import distribute_tensor
 

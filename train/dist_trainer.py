@@ -43,8 +43,9 @@ class _ClippedOptimizer:
     """The combined optimizer with the trainer's gradient clipping and NaN guard in `step()`
     (torchrec's pipeline calls `step()` itself)."""
 
-    def __init__(self, opt, dense_params, clip: float, replicated_sync=None):
+    def __init__(self, opt, dense_params, clip: float, replicated_sync=None, after_step=None):
         self.opt, self.dense_params, self.clip, self.sync = opt, dense_params, clip, replicated_sync
+        self.after_step = after_step  # 2D sparse parallelism: average the table replicas
         self.last_ok = True
         self.param_groups = opt.param_groups
 
@@ -75,6 +76,8 @@ class _ClippedOptimizer:
         self.last_ok = ok
         if ok:
             self.opt.step()
+        if self.after_step is not None:  # the fused table update happened in backward either way
+            self.after_step()
 
     def state_dict(self):
         return self.opt.state_dict()
@@ -209,7 +212,7 @@ def fit_distributed(tr) -> dict:
                      batch_size=c.train.batch_size, loss_tasks=tr.tasks, log=log)
     tr.model = pz.model
     opt, dense_params = build_optimizer(pz, c)
-    opt = _ClippedOptimizer(opt, dense_params, c.optim.clip_grad_norm, pz.replicated_sync)
+    opt = _ClippedOptimizer(opt, dense_params, c.optim.clip_grad_norm, pz.replicated_sync, pz.after_step)
     tr.optimizer = opt
     if c.train.device in ("auto",) or c.train.device.startswith("cuda"):
         tr.device = info.device

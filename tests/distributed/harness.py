@@ -83,7 +83,12 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
     worst = 0.0
     for key, ref in ref_tables.items():
         st = dmp_sd[key]
-        if hasattr(st, "local_shards"):
+        local = st.to_local() if hasattr(st, "to_local") else None
+        if local is not None and hasattr(local, "local_shards"):  # DTensor of torchrec's LocalShardsWrapper (2D)
+            for shard, o in zip(local.local_shards(), local.local_offsets()):
+                z = shard.shape
+                worst = max(worst, float((shard - ref[o[0]:o[0] + z[0], o[1]:o[1] + z[1]]).abs().max()))
+        elif hasattr(st, "local_shards"):
             for shard in st.local_shards():
                 o, z = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 want = ref[o[0]:o[0] + z[0], o[1]:o[1] + z[1]]
@@ -99,7 +104,8 @@ def table_errors(dmp_sd: dict, ref_tables: dict[str, torch.Tensor]) -> float:
 def check_sharded(info, variants=None) -> dict:
     """Loss, dense gradients and table updates of one step equal a single process on the global batch."""
     variants = variants or {k: v for k, v in ALL_VARIANTS.items()
-                            if info.world_size == 2 or k in ("row_wise", "column_wise", "replicate_tables_ddp")}
+                            if not k.startswith("2d_") and (info.world_size == 2 or k in (
+                                "row_wise", "column_wise", "replicate_tables_ddp"))}
     return _check_sharded(info, variants)
 
 
@@ -114,6 +120,11 @@ ALL_VARIANTS = {
     "activation_checkpointing": {"item": "row_wise", "category": "row_wise"},
     "ddp": {"item": "row_wise", "category": "row_wise"},
     "replicate_tables_ddp": {},
+    # 2D sparse parallelism (4 ranks: tables sharded over groups of 2, replicated across the groups)
+    "2d_row_wise": {"item": "row_wise", "category": "row_wise", "user": "table_wise", "ad": "table_wise",
+                    "interest": "table_wise"},
+    "2d_column_wise": {"item": "column_wise", "category": "column_wise", "user": "column_wise",
+                       "ad": "column_wise", "interest": "column_wise"},
 }
 
 
@@ -121,7 +132,8 @@ ALL_VARIANTS = {
 PCFG = {"replicate_tables": {"sparse": "replicate", "replicate": 2},
         "activation_checkpointing": {"activation_checkpointing": True},
         "ddp": {"dense": "ddp"},  # torch DDP on the dense part, the sharded tables ignored
-        "replicate_tables_ddp": {"sparse": "replicate", "dense": "ddp"}}  # the GPU benchmark's layout
+        "replicate_tables_ddp": {"sparse": "replicate", "dense": "ddp"},
+        "2d_row_wise": {"sharding_group_size": 2}, "2d_column_wise": {"sharding_group_size": 2}}  # the GPU benchmark's layout
 
 
 def _check_sharded(info, variants) -> dict:
@@ -147,6 +159,10 @@ def _check_sharded(info, variants) -> dict:
                              loss_tasks=tasks, log=lambda _m: None)
         loss, _ = pz.model(lb)
         loss.backward()
+        before_sync = None
+        if pz.after_step is not None:  # 2D: average the table replicas over the replica groups
+            before_sync = table_errors(pz.model.state_dict(), ref_tables)
+            pz.after_step()
         if pz.replicated_sync is not None:  # replicated tables: compare their averaged gradients
             pz.replicated_sync.sync()
             sd_tables = {n: (p - SPARSE_LR * p.grad).detach() for n, p in pz.model.named_parameters()
@@ -175,7 +191,14 @@ def _check_sharded(info, variants) -> dict:
                                        for m in pz.train_module.modules()),
             "seconds": time.perf_counter() - t0,
         }
+        if before_sync is not None:
+            out[name]["table_max_err_before_sync"] = before_sync
     return out
+
+
+def check_sharded_2d(info) -> dict:
+    """2D sparse parallelism (DMPCollection, groups of 2): one step + sync equals one process."""
+    return _check_sharded(info, {k: v for k, v in ALL_VARIANTS.items() if k.startswith("2d_")})
 
 
 def make_optimizer(pz, lr: float = 0.05):
@@ -389,7 +412,7 @@ def check_dead_rank(info) -> dict:
         return {"raised": True, "seconds": time.perf_counter() - t0, "message": str(e)}
 
 
-CHECKS = {"sharded": check_sharded, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
+CHECKS = {"sharded": check_sharded, "sharded_2d": check_sharded_2d, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
           "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "stuck_rank": check_stuck_rank,
           "dead_rank": check_dead_rank}
 

@@ -72,6 +72,28 @@ def _additive_mask(visible: torch.Tensor, bias: torch.Tensor | None, dtype: torc
     return torch.where(visible, value, float("-inf"))[..., :lk]
 
 
+def _relative_bias(pos_weight: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
+    """``[H, Lq, Lk]`` with ``[h, i, j] = pos_weight[pos_bucket(i - j), h]`` (Toeplitz: one value per ``i - j``).
+
+    Gathers the ``Lq + Lk - 1`` distinct values and lays them out with ``unfold``, so the backward scatters
+    ``Lq + Lk - 1`` rows into the table instead of ``Lq * Lk`` duplicate indices (which CUDA's
+    index-accumulate serialises: seconds per layer at L = 4096).
+    """
+    rel = torch.arange(-(lk - 1), lq, device=pos_weight.device)  # i - j, from -(Lk-1) to Lq-1
+    vals = pos_weight[pos_bucket(rel, pos_weight.shape[0])]  # [Lq + Lk - 1, H]
+    win = vals.unfold(0, lk, 1)  # [Lq, H, Lk]: win[i, :, b] = vals[i + b]; i - j + Lk - 1 = i + b at b = Lk-1-j
+    return win.flip(-1).permute(1, 0, 2)
+
+
+def _sdpa(q, k, v, **kw):
+    """SDPA on its flash / memory-efficient kernels: the cuDNN backend builds a plan per new shape (about 2 s
+    each), and a padded batch changes shape whenever its longest row does."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 def _shared_causal_self_attention(q, k, v, lens, *, scale, pos_weight, block_size, window):
     """Causal self-attention of right-padded rows: a valid query ``i < len`` sees only keys ``j <= i < len``, so
     the key-padding mask is implied and one ``[1, H, L, L]`` mask/bias serves every row (``is_causal`` and
@@ -80,18 +102,16 @@ def _shared_causal_self_attention(q, k, v, lens, *, scale, pos_weight, block_siz
     dev = q.device
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, L, D]
     if pos_weight is None and block_size is None and window is None:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        out = _sdpa(qh, kh, vh, is_causal=True, scale=scale)
     else:
         la = _aligned_len(lq)
         q_pos = torch.arange(lq, device=dev)[:, None]
         k_pos = torch.arange(la, device=dev)[None, :]
         lim = torch.tensor(lq, device=dev)
         visible = visible_mask(q_pos, k_pos, lim, causal=True, hist_end=lim, block_size=block_size, window=window)
-        bias = None
-        if pos_weight is not None:
-            bias = pos_weight[pos_bucket(q_pos - k_pos, pos_weight.shape[0])].permute(2, 0, 1)  # [H, L, La]
+        bias = _relative_bias(pos_weight.to(q.dtype), lq, la) if pos_weight is not None else None  # [H, L, La]
         attn_mask = _additive_mask(visible, bias, q.dtype, lq)[None]  # [1, H or 1, L, L], one for all rows
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
+        out = _sdpa(qh, kh, vh, attn_mask=attn_mask, scale=scale)
     valid = torch.arange(lq, device=dev)[None, :] < lens[:, None]  # [B, L]
     return out.transpose(1, 2) * valid[:, :, None, None].to(out.dtype)
 
@@ -145,22 +165,22 @@ def sdpa_attention(
         # built from the table in the compute dtype (the gather's backward sums into the float32 table)
         pw = pos_weight.to(q.dtype) if activation == "softmax" else pos_weight
         if same_lengths:  # self-attention: q_pos - k_pos = i - j in every row, one [H, Lq, Lk] table
-            rel = torch.arange(lq, device=dev)[:, None] - torch.arange(la, device=dev)[None, :]
-            bias = pw[pos_bucket(rel, pw.shape[0])].permute(2, 0, 1)[None]  # [1, H, Lq, La]
+            bias = _relative_bias(pw, lq, la)[None]  # [1, H, Lq, La]
         else:
-            bias = pw[pos_bucket(q_pos - k_pos, pw.shape[0])].permute(0, 3, 1, 2)  # [B, H, Lq, La]
+            # F.embedding: its CUDA backward reduces duplicate indices by sorting (indexing's is serial per index)
+            bias = F.embedding(pos_bucket(q_pos - k_pos, pw.shape[0]), pw).permute(0, 3, 1, 2)  # [B, H, Lq, La]
     if time_weight is not None:
         assert q_ts is not None and kv_ts is not None
         kts = kv_ts if la == lk else F.pad(kv_ts, (0, la - lk))
         tb = time_bucket(q_ts[:, :, None] - kts[:, None, :], time_weight.shape[0])
         tw = time_weight.to(q.dtype) if activation == "softmax" else time_weight
-        t = tw[tb].permute(0, 3, 1, 2)
+        t = F.embedding(tb, tw).permute(0, 3, 1, 2)
         del tb
         bias = t if bias is None else bias + t
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, L, D]
     if activation == "softmax":
         attn_mask = _additive_mask(mask[:, None], bias, q.dtype, lk)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=scale)
+        out = _sdpa(qh, kh, vh, attn_mask=attn_mask, scale=scale)
     else:
         s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
         if bias is not None:

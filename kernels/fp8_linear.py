@@ -133,10 +133,10 @@ class _Plan:
     @property
     def row_align(self) -> int:
         """Token rows of the native blockwise GEMMs are padded to a multiple of this (1: no padding).
-        In gem_medium training (arbitrary token counts) cuBLAS's blockwise FP8 GEMM refused to run
-        (CUBLAS_STATUS_NOT_SUPPORTED) where the benchmark's 1000- and 65536-token shapes ran: the
-        column-major 1x128 scale's leading dimension is the token count, and padded rows keep it aligned."""
-        return 16 if self.native and self.recipe == "blockwise" and not self.mx_hopper else 1
+        cuBLAS's blockwise FP8 GEMM refuses (CUBLAS_STATUS_NOT_SUPPORTED) a token count that is no multiple
+        of 4, probably because the column-major 1x128 scale's leading dimension is the token count (H200,
+        torch 2.11: M = 1000, 1004, 1008, 32 ran; 1001, 1002, 66001 were refused)."""
+        return 4 if self.native and self.recipe == "blockwise" and not self.mx_hopper else 1
 
     def act(self, x: torch.Tensor, axis: int, grad: bool = False) -> Any:
         if self.recipe == "bf16":
@@ -308,7 +308,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         wgrad = plan.recipe if cfg.wgrad == "recipe" else cfg.wgrad
         fp8_wgrad = cfg.wgrad == "recipe"  # same precision as the layer
         need_wgrad = ctx.needs_input_grad[1]
-        xq = _pad_rows(x, plan.row_align)  # zero rows: add nothing to any GEMM, sliced off the outputs
+        xq = _pad_rows(x, plan.row_align)  # zero rows add nothing to any GEMM; sliced off the outputs
         if fp8_wgrad and need_wgrad:
             xa, xt = plan.act_both(xq, saved_input=True)
         else:

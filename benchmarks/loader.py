@@ -4,17 +4,22 @@
 
 On `gem_medium` synthetic data (generated once into --data), one rank, all rows:
 
-- (a) `pyarrow.parquet.ParquetFile.iter_batches` on the schema's columns: the decode ceiling
-  (1 thread; and Arrow's own thread pool for reference);
+- (a) `pyarrow.parquet.ParquetFile.iter_batches` on the schema's columns: the decode ceiling, with
+  the loader's own reader settings (`ingest.reader.LOCAL_READ_OPTIONS`: page checksums verified,
+  no pre-buffering; record batches of --batch rows, the loader's decode chunk) at 1 thread and
+  with Arrow's thread pool; and for reference without the checksum verification;
 - (b) `ingest.Loader` to `JaggedBatch` (no shuffle, and with the shuffle buffer) at 1 and 2 threads;
-- (c) a naive padded baseline: a torch `Dataset` of rows (each field of a row a small tensor, cut
-  from the decoded table), collated by a `DataLoader` into `[B, L]` tensors, L = the batch's
-  longest history or the schema's max_length (timed on the first --naive-rows rows); and the
-  common Python-rows variant (each row `to_pylist`, on half as many rows);
-- (b) again with the files on a local moto S3 server (--s3).
+- (c) the naive padded baseline of the issue: a torch `Dataset` whose `__getitem__` returns one row,
+  batched by a `DataLoader` whose `collate_fn` pads every history field to `[B, L]`, L = the batch's
+  longest history or the schema's max_length. Two ways to get a row: (c1) the row as Python objects
+  (`Table.slice(i, 1).to_pylist()`, then tensors), on --naive-rows / 2 rows; (c2) a stronger variant
+  that cuts the row's fields as numpy slices out of the table decoded up front (`pq.read_table`,
+  Arrow's defaults), on --naive-rows rows. Rates are per row all the same;
+- (b) again with the files on a local moto S3 server (--s3), at 1 and 2 threads.
 
-Runs are interleaved and repeated (--repeats); each row reports its best run, so a machine shared
-with other work penalises every configuration alike.
+Runs are interleaved and repeated (--repeats); each row reports the median run (and the range of
+rows/s), so a machine shared with other work penalises every configuration alike. Run it pinned
+(`taskset -c 1`) for the one-core figure, and unpinned.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import os
 import platform
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,18 +38,27 @@ import torch
 
 from features import load_schema
 from ingest.loader import Loader, LoaderConfig
+from ingest.reader import LOCAL_READ_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
+A1 = "(a) iter_batches, same reader settings, 1 thread"
+B1 = "(b) Loader -> JaggedBatch, 1 thread"
+B2 = "(b) Loader -> JaggedBatch, 2 threads"
+C1 = "(c1) Dataset of Python rows, pad to batch max"
+C2 = "(c2) Dataset of Arrow row slices, pad to batch max"
+S1 = "(b) Loader, 1 thread, S3 (moto)"
+S2 = "(b) Loader, 2 threads, S3 (moto)"
 
 
 def _files(data: Path) -> list[str]:
     return sorted(str(p) for p in data.glob("*.parquet"))
 
 
-def raw_decode(files: list[str], columns: list[str], batch: int, threads: bool) -> tuple[int, int]:
+def raw_decode(files: list[str], columns: list[str], batch: int, threads: bool, verify: bool = True) -> tuple[int, int]:
+    opts = {**LOCAL_READ_OPTIONS, "page_checksum_verification": verify}
     rows = events = 0
     for f in files:
-        for rb in pq.ParquetFile(f).iter_batches(batch_size=batch, columns=columns, use_threads=threads):
+        for rb in pq.ParquetFile(f, **opts).iter_batches(batch_size=batch, columns=columns, use_threads=threads):
             offs = rb.column("history").offsets
             rows += rb.num_rows
             events += offs[-1].as_py() - offs[0].as_py()
@@ -108,13 +123,14 @@ class PyRowDataset(RowDataset):
 
 
 def padded_collate(items: list[dict[str, torch.Tensor]], jagged: tuple[str, ...],
-                   pad_to: int | None) -> dict[str, torch.Tensor]:
-    """Stacks rows; each variable-length field becomes `[B, L]`, L = the batch max or `pad_to`."""
+                   pad_to: int | None, history: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Stacks rows; each variable-length field becomes `[B, L]`, L = the batch max, or `pad_to` for
+    the history fields (other lists, e.g. interests, always pad to the batch max)."""
     out = {}
     for k in items[0]:
         ts = [it[k] for it in items]
         if k in jagged:
-            width = pad_to or max(int(t.numel()) for t in ts)
+            width = (pad_to if k in history else None) or max(int(t.numel()) for t in ts)
             box = torch.zeros((len(ts), width), dtype=ts[0].dtype)
             for i, t in enumerate(ts):
                 box[i, : t.numel()] = t
@@ -132,7 +148,7 @@ def naive(schema, files: list[str], batch: int, rows: int, pad_to_schema_max: bo
     ds = (PyRowDataset if python_rows else RowDataset)(schema, files, rows)
     seq = schema.sequence("history")
     jagged = tuple(f.name for f in seq.fields) + tuple(f.name for f in schema.features if f.type == "id_list")
-    collate = functools.partial(padded_collate, jagged=jagged,
+    collate = functools.partial(padded_collate, jagged=jagged, history=tuple(f.name for f in seq.fields),
                                 pad_to=seq.max_length if pad_to_schema_max else None)
     n = events = 0
     for b in torch.utils.data.DataLoader(ds, batch_size=batch, collate_fn=collate, num_workers=0):
@@ -143,8 +159,12 @@ def naive(schema, files: list[str], batch: int, rows: int, pad_to_schema_max: bo
 
 def _s3_copy(files: list[str]):
     """Starts a moto S3 server and uploads the files; returns (url, storage_options, stop)."""
+    import logging
+
     import s3fs
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 
     for k, v in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                  "AWS_DEFAULT_REGION": "us-east-1"}.items():
@@ -184,67 +204,69 @@ def main() -> None:
     cols = schema.column_names()
     b = args.batch
 
+    half = args.naive_rows // 2
     runs: dict[str, Callable[[], tuple[int, int]]] = {
-        "(a) pyarrow iter_batches, 1 thread": lambda: raw_decode(files, cols, b, False),
-        "(a) pyarrow iter_batches, Arrow pool": lambda: raw_decode(files, cols, b, True),
-        "(b) Loader -> JaggedBatch, 1 thread": lambda: ours(schema, str(data), b, 1, False),
-        "(b) Loader -> JaggedBatch, 2 threads": lambda: ours(schema, str(data), b, 2, False),
+        A1: lambda: raw_decode(files, cols, b, False),
+        "(a) iter_batches, same settings, Arrow pool": lambda: raw_decode(files, cols, b, True),
+        "(a) iter_batches, 1 thread, no checksum check": lambda: raw_decode(files, cols, b, False, verify=False),
+        B1: lambda: ours(schema, str(data), b, 1, False),
+        B2: lambda: ours(schema, str(data), b, 2, False),
         "(b) Loader, 1 thread, shuffle": lambda: ours(schema, str(data), b, 1, True),
         "(b) Loader, 2 threads, shuffle": lambda: ours(schema, str(data), b, 2, True),
-        "(c) naive Dataset, pad to batch max": lambda: naive(schema, files, b, args.naive_rows, False),
-        "(c) naive Dataset, pad to max_length": lambda: naive(schema, files, b, args.naive_rows, True),
-        "(c) naive Dataset of Python rows, batch max": lambda: naive(schema, files, b, args.naive_rows // 2,
-                                                                     False, python_rows=True),
+        C1: lambda: naive(schema, files, b, half, False, python_rows=True),
+        "(c1) Dataset of Python rows, pad to max_length": lambda: naive(schema, files, b, half, True,
+                                                                        python_rows=True),
+        C2: lambda: naive(schema, files, b, args.naive_rows, False),
+        "(c2) Dataset of Arrow row slices, pad max_length": lambda: naive(schema, files, b, args.naive_rows, True),
     }
     stop = None
     if args.s3:
         url, so, stop = _s3_copy(files)
-        runs["(b) Loader, 2 threads, S3 (moto)"] = lambda: ours(schema, url, b, 2, False, so)
+        runs[S1] = lambda: ours(schema, url, b, 1, False, so)
+        runs[S2] = lambda: ours(schema, url, b, 2, False, so)
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
         return r.ru_utime + r.ru_stime
 
-    best: dict[str, tuple[float, int, int]] = {}
-    best_cpu: dict[str, float] = {}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    cpus: dict[str, list[float]] = {k: [] for k in runs}
+    counts: dict[str, tuple[int, int]] = {}
     raw_decode(files, cols, b, False)  # warm the page cache
     for _ in range(args.repeats):
         for name, fn in runs.items():
             t0, c0 = time.perf_counter(), cpu()
-            rows, events = fn()
-            dt, dc = time.perf_counter() - t0, cpu() - c0
-            if name not in best or dt < best[name][0]:
-                best[name] = (dt, rows, events)
-            best_cpu[name] = min(best_cpu.get(name, float("inf")), dc / max(rows, 1) * 1000)
+            counts[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+            cpus[name].append((cpu() - c0) / max(counts[name][0], 1) * 1000)
     if stop is not None:
         stop()
 
     def rate(name: str) -> float:
-        dt, rows, _ = best[name]
-        return rows / dt
+        return counts[name][0] / statistics.median(times[name])
 
-    a1 = rate("(a) pyarrow iter_batches, 1 thread")
-    c = rate("(c) naive Dataset, pad to batch max")
-    c_max = rate("(c) naive Dataset, pad to max_length")
-    c_py = rate("(c) naive Dataset of Python rows, batch max")
-    print(f"gem_medium: {best['(a) pyarrow iter_batches, 1 thread'][1]} rows, {len(files)} files, "
-          f"{size_mb:.0f} MB zstd, row groups of {args.row_group_rows}, batch {b}; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of {args.repeats}, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    a1_cpu = best_cpu["(a) pyarrow iter_batches, 1 thread"]
-    print(f"| {'configuration':44s} | {'rows':>6s} | {'rows/s':>8s} | {'Mevents/s':>9s} | {'vs (a) 1t':>9s} | "
-          f"{'vs (c)':>7s} | {'CPU ms/row':>10s} | {'CPU vs (a)':>10s} |")
-    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 9}|{'-' * 12}|{'-' * 12}|")
-    for name, (dt, rows, events) in best.items():
-        r = rows / dt
-        print(f"| {name:44s} | {rows:6d} | {r:8.0f} | {events / dt / 1e6:9.2f} | {r / a1:9.2f} | {r / c:7.1f} | "
-              f"{best_cpu[name]:10.2f} | {a1_cpu / best_cpu[name]:10.2f} |")
-    b1 = rate("(b) Loader -> JaggedBatch, 1 thread")
-    print(f"targets: (b)/(a) at 1 thread = {b1 / a1:.2f} (>= 0.9); (b)/(c) = {b1 / c:.1f} against pad-to-batch-max, "
-          f"{b1 / c_max:.1f} against pad-to-max_length, {b1 / c_py:.1f} against Python rows (>= 5)")
+    def cpu_ms(name: str) -> float:
+        return statistics.median(cpus[name])
+
+    a1, c1, c2 = rate(A1), rate(C1), rate(C2)
+    cores = len(os.sched_getaffinity(0))
+    print(f"gem_medium: {counts[A1][0]} rows, {len(files)} files, {size_mb:.0f} MB zstd, row groups of "
+          f"{args.row_group_rows}, batch {b}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
+          f"({cores} usable), median of {args.repeats}, load average {os.getloadavg()[0]:.1f}")
+    print(f"| {'configuration':48s} | {'rows':>5s} | {'rows/s':>6s} | {'range':>11s} | {'Mev/s':>6s} | {'vs (a)':>6s} | "
+          f"{'vs (c1)':>7s} | {'vs (c2)':>7s} | {'CPU ms/row':>10s} | {'CPU vs (a)':>10s} |")
+    print(f"|{'-' * 50}|{'-' * 7}|{'-' * 8}|{'-' * 13}|{'-' * 8}|{'-' * 8}|{'-' * 9}|{'-' * 9}|{'-' * 12}|{'-' * 12}|")
+    for name in runs:
+        rows, events = counts[name]
+        r = rate(name)
+        lo, hi = rows / max(times[name]), rows / min(times[name])
+        print(f"| {name:48s} | {rows:5d} | {r:6.0f} | {lo:5.0f}-{hi:<5.0f} | {events / rows * r / 1e6:6.2f} | "
+              f"{r / a1:6.2f} | {r / c1:7.1f} | {r / c2:7.1f} | {cpu_ms(name):10.3f} | {cpu_ms(A1) / cpu_ms(name):10.2f} |")
+    b1 = rate(B1)
+    print(f"targets: (b)/(a) at 1 thread = {b1 / a1:.2f} wall, {cpu_ms(A1) / cpu_ms(B1):.2f} CPU (>= 0.9); "
+          f"2 threads / 1 thread = {rate(B2) / b1:.2f}; (b)/(c1) = {b1 / c1:.1f}, (b)/(c2) = {b1 / c2:.1f} (>= 5)")
     if args.s3:
-        print(f"S3 (moto) / local, 2 threads: {rate('(b) Loader, 2 threads, S3 (moto)') / rate('(b) Loader -> JaggedBatch, 2 threads'):.2f}")
-
+        print(f"S3 (moto) / local: 1 thread {rate(S1) / b1:.2f}, 2 threads {rate(S2) / rate(B2):.2f}")
 
 
 if __name__ == "__main__":

@@ -139,11 +139,13 @@ def _check_ids(values: np.ndarray, num_embeddings: int, key: str) -> None:
         )
 
 
-def _ids(values: np.ndarray, key: str, schema: FeatureSchema, table: str, hashed: bool) -> np.ndarray:
+def _ids(values: np.ndarray, key: str, schema: FeatureSchema, table: str, hashed: bool,
+         proven: frozenset[str]) -> np.ndarray:
     n = schema.table(table).num_embeddings
     if hashed:
         return hash_ids(values, n)
-    _check_ids(values, n, key)
+    if key not in proven:
+        _check_ids(values, n, key)
     return values
 
 
@@ -176,12 +178,12 @@ class _Jagged:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _sequence(data, seq: SequenceSpec, schema: FeatureSchema):
+def _sequence(data, seq: SequenceSpec, schema: FeatureSchema, proven: frozenset[str]):
     col = _Jagged(data, seq.name, seq.max_length)
     ids = {}
     for f in seq.id_fields:
         key = seq.key(f.name)
-        ids[key] = _ids(col.field(f.name), key, schema, f.table, f.hash)
+        ids[key] = _ids(col.field(f.name), key, schema, f.table, f.hash, proven)
     floats = [col.field(f.name, 0.0) for f in seq.float_fields]
     if len(floats) == 1:
         seq_floats = _t(floats[0]).view(-1, 1)  # still a view of the Arrow buffer (one chunk)
@@ -197,10 +199,13 @@ def _sequence(data, seq: SequenceSpec, schema: FeatureSchema):
     return col, ids, seq_floats, ts, stats
 
 
-def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema, *, check: bool = True) -> JaggedBatch:
+def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema, *, check: bool = True,
+                   ids_in_range: frozenset[str] = frozenset()) -> JaggedBatch:
     """One Arrow table or record batch (columns as in `schema.arrow_schema()`) -> a `JaggedBatch`.
 
     `check=False` skips the column check, for callers that checked the file's schema already.
+    `ids_in_range`: sparse keys whose ids are known to lie in their tables' ranges (from the
+    files' column statistics, `ingest.id_stats`); their per-batch range check is skipped.
     """
     problems = check_arrow_schema(schema.arrow_schema(), data.schema, allow_extra=True) if check else []
     if problems:
@@ -212,7 +217,7 @@ def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema, *, ch
     seq_offsets, seq_floats, seq_timestamps = {}, {}, {}
     stats = PaddingStats()
     for seq in schema.sequences:
-        col, ids, floats, ts, st = _sequence(data, seq, schema)
+        col, ids, floats, ts, st = _sequence(data, seq, schema, ids_in_range)
         for key, v in ids.items():
             key_values[key] = v
             key_lengths[key] = col.lengths
@@ -230,7 +235,7 @@ def table_to_batch(data: pa.Table | pa.RecordBatch, schema: FeatureSchema, *, ch
             col = _Jagged(data, f.name, None)
             values = col.field(None)
             lengths = col.lengths
-        key_values[f.name] = _ids(values, f.name, schema, f.table, f.hash)
+        key_values[f.name] = _ids(values, f.name, schema, f.table, f.hash, ids_in_range)
         key_lengths[f.name] = lengths
 
     keys = list(schema.sparse_keys)

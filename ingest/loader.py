@@ -40,6 +40,7 @@ from ingest.batch import JaggedBatch
 from ingest.batching import row_events, token_batches
 from ingest.convert import table_to_batch
 from ingest.errors import BadFileError, DataError
+from ingest.id_stats import id_leaves
 from ingest.listing import FileRef, list_files
 from ingest.plan import REMAINDER_POLICIES, EpochPlan, ReadSlice, fresh_pieces
 from ingest.reader import RetryPolicy, read_footers, read_row_group
@@ -172,8 +173,10 @@ class Loader:
     # ---- discovery -------------------------------------------------------------------------
     def _discover(self) -> None:
         refs = list_files(self.config.url, self.config.storage_options)
+        leaves = id_leaves(self.schema)
         footers = read_footers(refs, self.schema.arrow_schema(), self._policy,
-                               require_checksums=self.config.require_page_checksums)
+                               require_checksums=self.config.require_page_checksums, id_leaves=leaves)
+        proven = set(leaves)
         self.files: list[FileRef] = []
         self._metadata = []
         self.units: list[WorkUnit] = []
@@ -184,6 +187,7 @@ class Loader:
                 self.stats.quarantine(QuarantineRecord(f.ref.url, None, f.error, f.rows))
                 continue
             idx = len(self.files)
+            proven &= f.ids_in_range
             self.files.append(f.ref)
             self._metadata.append(f.metadata)
             self.units += [WorkUnit(idx, i, n) for i, n in enumerate(f.row_group_rows)]
@@ -192,6 +196,8 @@ class Loader:
             h.update(f"{self.files[u.file].url}\0{u.row_group}\0{u.rows}\n".encode())
         self.fingerprint = h.hexdigest()
         self.total_rows = sum(u.rows for u in self.units)
+        # Id keys every file's statistics prove in range: the converter skips their range check.
+        self.ids_in_range = frozenset(proven)
 
     # ---- plans -----------------------------------------------------------------------------
     def _make_plan(self, epoch: int, pieces: np.ndarray | None, world_size: int, generation: int) -> EpochPlan:
@@ -228,13 +234,17 @@ class Loader:
         if start_w >= plan.num_windows:
             return
         skip = self._tbatches if self._token_mode else self._pos - start_w * s
-        tasks = _tasks(plan.slices(self.rank, start_w * s))
+        # Without shuffling, fixed-size batches stream: no window is held (the window order is
+        # the identity, so the rows and batches are the same as through windows).
+        streaming = not plan.shuffle and not self._token_mode
+        tasks = _tasks(plan.slices(self.rank, self._pos if streaming else start_w * s))
         t = self.config.num_threads
         read: tn.BaseNode = tn.IterableWrapper(tasks)
         read = tn.ParallelMapper(read, _catching(self._read), num_workers=t, in_order=True, method="thread") \
             if t else tn.Mapper(read, _catching(self._read))
         read.reset()
-        node: tn.BaseNode = tn.IterableWrapper(self._assemble(read, plan, start_w, skip))
+        batches = self._stream(read) if streaming else self._assemble(read, plan, start_w, skip)
+        node: tn.BaseNode = tn.IterableWrapper(batches)
         node = tn.ParallelMapper(node, _catching(self._convert), num_workers=t, in_order=True,
                                  method="thread") if t else tn.Mapper(node, _catching(self._convert))
         if t and self.config.prefetch:
@@ -288,7 +298,9 @@ class Loader:
 
     def _convert(self, item: tuple[pa.Table, dict[str, Any]]) -> tuple[JaggedBatch, dict[str, Any]]:
         table, info = item
-        batch = table_to_batch(table, self.schema, check=False)  # files checked from footers
+        # Files were checked from their footers: no per-batch column check, no range check of
+        # the ids their statistics cover.
+        batch = table_to_batch(table, self.schema, check=False, ids_in_range=self.ids_in_range)
         _nonfinite_dense(batch, self.schema, self.config.nonfinite, self.stats)
         return batch, info
 
@@ -323,6 +335,27 @@ class Loader:
                 w += 1
         if acc_pos:
             yield concat_tables(acc, self.schema), {"positions": acc_pos}
+
+    def _stream(self, read: tn.BaseNode):
+        """Batches of stream positions `[k * batch_size, (k + 1) * batch_size)`, cut as rows arrive."""
+        bs = self.config.batch_size
+        need = bs - self._pos % bs  # a resumed stream first completes the open batch
+        pending: list[tuple[pa.Table | None, int]] = []
+        have = 0
+        for item in read:
+            if isinstance(item, _Raised):
+                yield item
+                return
+            task, table = item
+            pending.append((table, task.rows))
+            have += task.rows
+            while have >= need:
+                part, pending = split_rows(pending, need)
+                have -= need
+                yield concat_tables([t for t, _ in part if t is not None], self.schema), {"positions": need}
+                need = bs
+        if have:
+            yield concat_tables([t for t, _ in pending if t is not None], self.schema), {"positions": have}
 
     def _fixed_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
         """(rows table or None, stream positions) pieces in emission order, cut at batch boundaries."""

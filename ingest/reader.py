@@ -20,6 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from features.arrow import check_arrow_schema
 from ingest.errors import BadFileError
+from ingest.id_stats import ids_in_range
 from ingest.listing import FileRef
 
 T = TypeVar("T")
@@ -64,12 +65,17 @@ def with_retries(fn: Callable[[], T], policy: RetryPolicy, on_retry: Callable[[B
     raise AssertionError("unreachable")
 
 
+# `pq.ParquetFile` options of the local read path (the loader benchmark's decode ceiling uses the
+# same): page checksums verified where the file has them, no pre-buffering (local reads are cheap).
+LOCAL_READ_OPTIONS = {"pre_buffer": False, "page_checksum_verification": True}
+
+
 def _open(ref: FileRef, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
-    """Local files through Arrow's native reader (no Python in the read path, GIL released, no
-    pre-buffering: reads are cheap); others through fsspec without its read-ahead cache, with
-    pre-buffering, which coalesces the column chunk ranges of a row group into few large reads."""
+    """Local files through Arrow's native reader (no Python in the read path, GIL released);
+    others through fsspec without its read-ahead cache, with pre-buffering, which coalesces the
+    column chunk ranges of a row group into few large reads. The footer is never read again."""
     if isinstance(ref.fs, LocalFileSystem):
-        return pq.ParquetFile(ref.path, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
+        return pq.ParquetFile(ref.path, metadata=metadata, **LOCAL_READ_OPTIONS)
     try:
         source = ref.fs.open(ref.path, "rb", cache_type="none")
     except TypeError:  # a filesystem whose files take no cache options
@@ -86,10 +92,15 @@ class Footer:
     row_group_rows: tuple[int, ...] = ()
     error: str | None = None
     rows: int | None = None  # rows in the file when known (a bad file's lost rows)
+    ids_in_range: frozenset[str] = frozenset()  # id keys its statistics prove in range (`ingest.id_stats`)
 
 
-def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy, require_checksums: bool = False) -> Footer:
+def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy, require_checksums: bool = False,
+                id_leaves: dict | None = None) -> Footer:
     """The footer of `ref`, its row-group sizes, and the check of its schema against `expected`.
+
+    With `id_leaves` (`ingest.id_stats.id_leaves`), also the id keys whose range the file's
+    column statistics prove.
 
     With `require_checksums`, a file written without page checksums is bad too: a flipped bit in it
     could not be detected and would reach training as wrong values."""
@@ -123,14 +134,15 @@ def read_footer(ref: FileRef, expected: pa.Schema, policy: RetryPolicy, require_
                       error="written without page checksums, so corruption in it cannot be detected "
                             "(rewrite it with page checksums, e.g. pyarrow write_page_checksum=True, "
                             "or set the loader's require_page_checksums: false)")
-    return Footer(ref, md, rows, rows=md.num_rows)
+    proven = ids_in_range(md, id_leaves) if id_leaves else frozenset()
+    return Footer(ref, md, rows, rows=md.num_rows, ids_in_range=proven)
 
 
 def read_footers(refs: list[FileRef], expected: pa.Schema, policy: RetryPolicy, threads: int = 16,
-                 require_checksums: bool = False) -> list[Footer]:
+                 require_checksums: bool = False, id_leaves: dict | None = None) -> list[Footer]:
     """Footers of all files, fetched in parallel, in the order of `refs`."""
     def one(r: FileRef) -> Footer:
-        return read_footer(r, expected, policy, require_checksums)
+        return read_footer(r, expected, policy, require_checksums, id_leaves)
 
     if len(refs) <= 1:
         return [one(r) for r in refs]

@@ -18,7 +18,7 @@ For each split:
    replicate`: tables replicated with a row-sparse gradient all-reduce, since fbgemm's CUDA kernels
    are not on the benchmark machine), once per `--dense` layout: fsdp (FSDP2 per block, bf16 params),
    fsdp_keep (the same, `reshard_after_forward: false`), ddp (torch DDP, bucketed all-reduce during
-   backward), ddp_bf16 (the same with the buckets sent as bf16, `reduce_dtype: bf16`), with the
+   backward), ddp_bf16 (the same with gradients and table rows sent as bf16, `reduce_dtype: bf16`), with the
    distributed trainer's optimizer wrapper (`_ClippedOptimizer`).
 Examples/s = global examples / the slowest rank's step time; scaling ratio = (N-GPU examples/s) /
 (N x 1-GPU examples/s) of the same split. Communication share: 3 more steps under the profiler;

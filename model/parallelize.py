@@ -85,7 +85,7 @@ class ParallelConfig:
     sharding_group_size: int = 0  # > 0: 2D sparse parallelism (DMPCollection) with groups this size
     dense: str = "fsdp"  # fsdp | ddp (torch DDP: bucketed all-reduce overlapped with backward)
     reshard_after_forward: bool = True  # fsdp: False keeps each block's gathered parameters until backward
-    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype dense gradients are reduced in (bf16 halves the bytes)
+    reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of gradients on the wire (dense; replicated-table rows)
     replicate: int = 1  # HSDP: replicate degree of the ("replicate", "shard") mesh; 1 = plain FSDP
     mixed_precision: str = "auto"  # auto (bf16 on GPU) | bf16 | none
     activation_checkpointing: bool = False
@@ -488,11 +488,12 @@ class ReplicatedGradSync:
     `sync()` does both; `_ClippedOptimizer` reads the counts and the gradient norm in one transfer.
     """
 
-    def __init__(self, params: list[nn.Parameter], group=None):
+    def __init__(self, params: list[nn.Parameter], group=None, wire_dtype: torch.dtype | None = None):
         import torch.distributed as dist
 
         self.params = params
         self.group = group
+        self.wire_dtype = wire_dtype  # rows travel in this dtype (None: the gradient's own)
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.rows_sent = 0  # rows this rank sent in the last sync (for logs / benchmarks)
@@ -543,7 +544,7 @@ class ReplicatedGradSync:
             n_ids = sum(pad for *_, pad in items)
             n_vals = sum(pad * g2.shape[1] for g2, *_, pad in items)
             ids = torch.zeros(n_ids, dtype=torch.int64, device=dev)
-            vals = torch.zeros(n_vals, dtype=items[0][0].dtype, device=dev)
+            vals = torch.zeros(n_vals, dtype=self.wire_dtype or items[0][0].dtype, device=dev)
             i = v = 0
             for g2, own, _t, pad in items:
                 k = own.numel()
@@ -565,8 +566,8 @@ class ReplicatedGradSync:
                     for g2, _own, t, pad in items:
                         k = counts[r][t]
                         if k:
-                            g2.index_add_(0, all_ids[i:i + k], all_vals[v:v + k * g2.shape[1]].view(k, -1),
-                                          alpha=1.0 / w)
+                            g2.index_add_(0, all_ids[i:i + k],
+                                          all_vals[v:v + k * g2.shape[1]].view(k, -1).to(g2.dtype), alpha=1.0 / w)
                         i += pad
                         v += pad * g2.shape[1]
 
@@ -639,7 +640,7 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
     if cfg.sparse == "replicate":
         tm.to(device)
         table_params = [p for m in tables for p in m.parameters()]
-        sync = ReplicatedGradSync(table_params)
+        sync = ReplicatedGradSync(table_params, wire_dtype=torch.bfloat16 if cfg.reduce_dtype == "bf16" else None)
         units = _dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: any(m is t for t in tables) or is_ep(m),
                             device=device)
         log(f"distributed: {ws} ranks, tables replicated (gradients all-reduced), dense units: {len(units)}")

@@ -53,7 +53,9 @@ def _configs() -> list[triton.Config]:
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
         for bn, w, s in ((128, 8, 3), (64, 4, 3), (64, 8, 3), (128, 4, 3), (128, 8, 2))
     ]
-    return configs if AUTOTUNE else configs[:1]
+    # Without autotuning still two configs: Triton skips early_config_prune when given one, and the
+    # 64-token scale blocks need BLOCK_N = 64 (_prune then keeps one, so nothing is benchmarked twice).
+    return configs if AUTOTUNE else configs[:2]
 
 
 _smem = smem_prune("BLOCK_N", "BLOCK_M")
@@ -63,7 +65,8 @@ def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.C
     """KV tiles must not straddle a V scale block (``BLOCK_N`` divides ``QUANT_BLOCK``)."""
     qb = kwargs["QUANT_BLOCK"]
     keep = [c for c in configs if qb % c.kwargs["BLOCK_N"] == 0]
-    return _smem(keep or [triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2)], nargs, **kwargs)
+    keep = _smem(keep or [triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2)], nargs, **kwargs)
+    return keep if AUTOTUNE else keep[:1]
 
 
 @triton.jit

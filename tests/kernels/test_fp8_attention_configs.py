@@ -1,0 +1,27 @@
+"""FP8 attention kernel configs: a KV tile never straddles a V scale block, with or without autotuning.
+
+Triton applies ``early_config_prune`` only when it is given more than one config; with a single
+128-key config the 64-token scale blocks ran with the wrong V scale on half of each tile (H200 run,
+benchmarks/RESULTS.md). These tests pin the config list and the prune on CPU."""
+
+import pytest
+import torch
+
+from kernels import attention_fp8_triton as k8
+
+
+def _nargs():
+    return {"Q": torch.empty(1, dtype=torch.float8_e4m3fn)}
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+@pytest.mark.parametrize("qb", [64, 128])
+def test_pruned_configs_fit_the_scale_block(monkeypatch, autotune, qb):
+    monkeypatch.setattr(k8, "INTERPRET", False)
+    monkeypatch.setattr(k8, "AUTOTUNE", autotune)
+    configs = k8._configs()
+    assert len(configs) > 1  # one config would bypass the prune
+    kept = k8._prune(configs, _nargs(), QUANT_BLOCK=qb, BLOCK_D=128, BLOCK_M=128)
+    assert kept and all(qb % c.kwargs["BLOCK_N"] == 0 for c in kept)
+    if not autotune:
+        assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == min(qb, 128)

@@ -242,7 +242,7 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         if best is None or t < best[0]:
             best = (t, tiles)
     mx_triton.TENSORWISE_TILES = tuple(best[1])
-    t_amax = bench(lambda: mx_triton.tensorwise_scale(x, "e4m3"), rep=100)
+    t_amax = bench(lambda: mx_triton.tensorwise_amax(x), rep=100)
     for label, row, col in (("tensorwise rows (amax pass + cast pass)", True, False),
                             ("tensorwise both layouts (amax pass + one cast pass)", True, True)):
         t = bench(lambda row=row, col=col: mx_triton.quantize_tensorwise(x, row, col, "e4m3"), rep=100)
@@ -250,7 +250,7 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(best[1])))
     bw = nbytes_in / t_amax / 1e9
     out.append(dict(kernel="tensorwise amax pass alone (read only)", ms=t_amax, tbps=bw, pct_copy=100 * bw / copy_bw,
-                    tiles=[64, 256, 4]))
+                    tiles=list(mx_triton.TENSORWISE_AMAX_TILES)))
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9

@@ -349,45 +349,64 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, scale_fn, tr: int = 
     return rows, cols
 
 
-# ---- tensorwise (one scale per tensor): amax partials, then one cast pass writing one or both layouts
+# ---- tensorwise (one scale per tensor): an amax pass, then one cast pass writing one or both layouts.
+# Three launches per tensor (zero fill, amax, cast) and no other device ops: the cast pass derives the scale
+# from the amax itself, so a layer's many small tensors do not pay a string of tiny scale kernels.
 
-TENSORWISE_TILES: tuple[int, int, int] = (64, 128, 4)  # (rows, cols, warps) of the cast pass
+# (rows, cols, warps) of the cast pass: best of a 5-tile sweep on an H200 (benchmarks/RESULTS.md, 2026-11-29)
+TENSORWISE_TILES: tuple[int, int, int] = (64, 256, 8)
+TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 256, 8)  # (rows, cols, warps) per loop step of the amax pass
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
 
 
 @triton.jit
-def _amax_tile_kernel(x_ptr, R, C, sxr, sxc, part_ptr, TR: tl.constexpr, TC: tl.constexpr):
-    """|x| max of one tile as fp32 bits (integer max: NaN > Inf > finite), one int32 per program."""
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
-    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
-    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
-                other=0.0).to(tl.float32)
-    m = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
-    tl.store(part_ptr + pid_r * tl.num_programs(1) + pid_c, m)
+def _pow2_scale(amax_bits, EMAX: tl.constexpr):
+    """kernels.mx._scale_bits_ref(e8m0=False, emax=EMAX): (inverse-scale bits, scale bits, non-finite)."""
+    e = amax_bits >> 23
+    bad = e == 255
+    t = e - EMAX + ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    t = tl.where(e == 0, 1, tl.maximum(t, 1))
+    return (254 - t) << 23, tl.where(bad, 0x7FC00000, t << 23), bad
 
 
 @triton.jit
-def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, inv_ptr, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
-                            TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
-                            E5M2: tl.constexpr, FMAX: tl.constexpr):
-    """One read of a [TR, TC] tile: codes into q [R, CP] (ROW) and into the transposed qt [C, RP] (COL);
-    padding rows/columns get code 0. ``inv_ptr`` holds the inverse-scale bits; 0 marks a non-finite tensor."""
+def _amax_all_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, ROW_STEP, TR: tl.constexpr, TC: tl.constexpr):
+    """|x| max over the whole matrix as fp32 bits (integer max: NaN > Inf > finite): each program walks row
+    tiles pid_r, pid_r + ROW_STEP, ... of one column tile, then one atomic max into ``amax_ptr`` (zeroed)."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
+    cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
+    acc = tl.zeros((TR, TC), dtype=tl.int32)
+    for r0 in range(pid_r * TR, R, ROW_STEP * TR):
+        rr = (r0 + tl.arange(0, TR)).to(tl.int64)
+        x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
+                    other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
+
+
+@triton.jit
+def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
+                            TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
+                            E5M2: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr):
+    """One read of a [TR, TC] tile: codes into q [R, CP] (ROW) and into the transposed qt [C, RP] (COL);
+    padding rows/columns get code 0; a non-finite tensor gets NaN codes. Program (0, 0) writes the scale."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    inv, sbits, bad = _pow2_scale(tl.load(amax_ptr), EMAX)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(scale_ptr, sbits.to(tl.float32, bitcast=True))
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
                 other=0.0).to(tl.float32)
-    ib = tl.load(inv_ptr)
-    y = tl.minimum(tl.maximum(x * ib.to(tl.float32, bitcast=True), -FMAX), FMAX)
+    y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -FMAX), FMAX)
     if E5M2:
         code = _encode_e5m2(y)
     else:
         code = _encode_e4m3(y)
-    code = tl.where(ib == 0, 0x7F, code).to(tl.uint8)
+    code = tl.where(bad, 0x7F, code).to(tl.uint8)
     if ROW:
         tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=(rr[:, None] < R) & (cc[None, :] < CP))
     if COL:
@@ -395,23 +414,21 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, inv_ptr, q_ptr, sqr, CP, qt_p
                  mask=(cc[:, None] < C) & (rr[None, :] < RP))
 
 
-def tensorwise_scale(x: torch.Tensor, fmt: str, tiles: tuple[int, int] = (64, 256)
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inverse-scale bits with 0 for a non-finite tensor [1] int32, scale fp32 []) on the device, no sync."""
+def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
+                    row_step: int | None = None) -> torch.Tensor:
+    """|x| max as fp32 bits in a [1] int32 device tensor (NaN > Inf > finite); no host sync.
+    ``row_step``: programs along the rows (default: enough to fill the GPU; on CPU one per row tile)."""
     r, c = x.shape
-    tr, tc = tiles
-    grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
-    part = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device)
-    _amax_tile_kernel[grid](x, r, c, x.stride(0), x.stride(1), part, TR=tr, TC=tc, num_warps=4)
-    amax = part.amax()
-    _, _, emax = _FMT[fmt]
-    e = amax >> 23
-    t = (e - emax + ((amax & 0x7FFFFF) > 0x600000).to(torch.int32))
-    t = torch.where(e == 0, torch.ones_like(t), t.clamp(min=1))  # same rule as kernels.mx._scale_bits_ref
-    bad = e == 255
-    inv = torch.where(bad, torch.zeros_like(t), (254 - t) << 23).reshape(1)
-    scale = torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23).view(torch.float32)
-    return inv, scale
+    tr, tc, nw = tiles or TENSORWISE_AMAX_TILES
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    col_tiles, row_tiles = triton.cdiv(c, tc), triton.cdiv(r, tr)
+    # enough programs to fill the GPU a few times over; each loops over its share of the row tiles
+    if row_step is None:
+        row_step = max(1, min(row_tiles, 1024 // col_tiles)) if x.is_cuda else row_tiles
+    if r and c:
+        _amax_all_kernel[(row_step, col_tiles)](x, r, c, x.stride(0), x.stride(1), amax, row_step,
+                                                TR=tr, TC=tc, num_warps=nw)
+    return amax
 
 
 def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
@@ -420,17 +437,19 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     Cp/Rp rounded up to 16 (zero padding)."""
     r, c = x.shape
     dev = x.device
-    e5, fmax, _ = _FMT[fmt]
+    e5, fmax, emax = _FMT[fmt]
     dt = torch.float8_e5m2 if e5 else torch.float8_e4m3fn
     cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
-    inv, scale = tensorwise_scale(x, fmt)
+    amax = tensorwise_amax(x)
+    scale = torch.empty((), dtype=torch.float32, device=dev)
     tr, tc, nw = tiles or TENSORWISE_TILES
     dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy
-    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
-    _tensorwise_cast_kernel[grid](x, r, c, x.stride(0), x.stride(1), inv, q, q.stride(0), cp, qt, qt.stride(0), rp,
-                                  TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax, num_warps=nw)
+    grid = (max(1, triton.cdiv(rp if col else r, tr)), max(1, triton.cdiv(cp if row else c, tc)))
+    _tensorwise_cast_kernel[grid](x, r, c, x.stride(0), x.stride(1), amax, scale, q, q.stride(0), cp, qt,
+                                  qt.stride(0), rp, TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax,
+                                  EMAX=emax, num_warps=nw)
     rows = (q.view(dt), scale, (r, c)) if row else None
     cols = (qt.view(dt), scale, (c, r)) if col else None
     return rows, cols

@@ -95,3 +95,13 @@ def test_tensorwise_roundtrip_error_bounds(fmt, mant):
 def test_tensorwise_rejects_unknown_format():
     with pytest.raises(mx.MXFormatError, match="fmt"):
         mx.quantize_tensorwise(torch.zeros(4, 16), 1, "e3m4")
+
+
+@pytest.mark.parametrize("row_step", [1, 2, 3])
+def test_amax_pass_loops_over_row_tiles(row_step):
+    """Each program of the amax pass walks every row_step-th row tile: the max (bits) must not depend on it."""
+    x = finite_wide(200, 70, torch.bfloat16, seed=4)  # 4 row tiles of 64 with the default tiles
+    want = (x.float().view(torch.int32) & 0x7FFFFFFF).max()
+    assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == want.item()
+    x[199, 69] = float("nan")  # in the last, partial row tile
+    assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == 0x7FC00000

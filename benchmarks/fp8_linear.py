@@ -228,7 +228,7 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         bw = (nbytes_in + outs) / t / 1e9
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
     for label, row, col in (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True)):
-        t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col, mx._rowwise_scale), rep=100)
+        t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
     tw_tiles = [(64, 128, 4), (128, 128, 8), (128, 64, 4), (32, 256, 4), (64, 256, 8)]

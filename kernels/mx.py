@@ -323,13 +323,13 @@ def dequantize_scaled(t: ScaledTensor, dtype: torch.dtype = torch.float32) -> to
 
 
 def quantize_rowwise(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> ScaledTensor:
-    """Rowwise quantization (see the reference); Triton: a max pass, then a quantize pass."""
+    """Rowwise quantization (see the reference); Triton: an amax pass, then a quantize pass."""
     if _pick_backend(backend, x, "quantize_rowwise") == "ref":
         return quantize_rowwise_ref(x, axis)
     _check_2d(x, "quantize_rowwise")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize_rowwise(x, axis == 1, axis == 0, _rowwise_scale)
+    rows, cols = mx_triton.quantize_rowwise(x, axis == 1, axis == 0)
     out = rows if axis == 1 else cols
     return ScaledTensor(out[0], out[1], out[2], "rowwise")
 
@@ -341,7 +341,7 @@ def quantize_rowwise_both(x: torch.Tensor, backend: str = "auto") -> tuple[Scale
     _check_2d(x, "quantize_rowwise_both")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize_rowwise(x, True, True, _rowwise_scale)
+    rows, cols = mx_triton.quantize_rowwise(x, True, True)
     return ScaledTensor(*rows, "rowwise"), ScaledTensor(*cols, "rowwise")
 
 
@@ -408,7 +408,3 @@ def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = 
 
     rows, cols = mx_triton.quantize_tensorwise(x, True, True, fmt)
     return ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise")
-
-
-def _rowwise_scale(amax_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _scale_bits_ref(amax_bits, e8m0=False)

@@ -278,27 +278,28 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     return out
 
 
-# ---- rowwise (one scale per row and/or per column): amax partials, then quantize with given scales
+# ---- rowwise (one scale per row and/or per column): an amax pass (atomic max per row / column into zeroed
+# buffers), then a quantize pass that derives each scale from its amax; no device ops in between.
 
 
 @triton.jit
-def _amax_kernel(x_ptr, R, C, sxr, sxc, rp_ptr, srp, cp_ptr, scp,
-                 TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr):
+def _amax_rc_kernel(x_ptr, R, C, sxr, sxc, ra_ptr, ca_ptr,
+                    TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     inb = (rr[:, None] < R) & (cc[None, :] < C)
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0).to(tl.float32)
-    b = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    b = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # integer max: NaN > Inf > finite
     if ROW:
-        tl.store(rp_ptr + rr * srp + pid_c, tl.max(b, axis=1), mask=rr < R)
+        tl.atomic_max(ra_ptr + rr, tl.max(b, axis=1), mask=rr < R)
     if COL:
-        tl.store(cp_ptr + pid_r * scp + cc, tl.max(b, axis=0), mask=cc < C)
+        tl.atomic_max(ca_ptr + cc, tl.max(b, axis=0), mask=cc < C)
 
 
 @triton.jit
-def _apply_kernel(x_ptr, R, C, sxr, sxc, q_ptr, sqr, inv_r_ptr, qt_ptr, sqtr, inv_c_ptr,
+def _apply_kernel(x_ptr, R, C, sxr, sxc, q_ptr, sqr, ra_ptr, rs_ptr, qt_ptr, sqtr, ca_ptr, cs_ptr,
                   TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -307,45 +308,43 @@ def _apply_kernel(x_ptr, R, C, sxr, sxc, q_ptr, sqr, inv_r_ptr, qt_ptr, sqtr, in
     inb = (rr[:, None] < R) & (cc[None, :] < C)
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0).to(tl.float32)
     if ROW:
-        ib = tl.load(inv_r_ptr + rr, mask=rr < R, other=1 << 23)  # 0 marks a non-finite row
-        y = tl.minimum(tl.maximum(x * ib.to(tl.float32, bitcast=True)[:, None], -448.0), 448.0)
-        code = tl.where((ib == 0)[:, None], 0x7F, _encode_e4m3(y))
+        inv, sb, bad = _pow2_scale(tl.load(ra_ptr + rr, mask=rr < R, other=0), 8)
+        if pid_c == 0:  # one program per row block writes the row scales
+            tl.store(rs_ptr + rr, sb.to(tl.float32, bitcast=True), mask=rr < R)
+        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True)[:, None], -448.0), 448.0)
+        code = tl.where(bad[:, None], 0x7F, _encode_e4m3(y))
         tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code.to(tl.uint8), mask=inb)
     if COL:
-        ib = tl.load(inv_c_ptr + cc, mask=cc < C, other=1 << 23)
-        y = tl.minimum(tl.maximum(x * ib.to(tl.float32, bitcast=True)[None, :], -448.0), 448.0)
-        code = tl.where((ib == 0)[None, :], 0x7F, _encode_e4m3(y))
+        inv, sb, bad = _pow2_scale(tl.load(ca_ptr + cc, mask=cc < C, other=0), 8)
+        if pid_r == 0:
+            tl.store(cs_ptr + cc, sb.to(tl.float32, bitcast=True), mask=cc < C)
+        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True)[None, :], -448.0), 448.0)
+        code = tl.where(bad[None, :], 0x7F, _encode_e4m3(y))
         tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code.to(tl.uint8)),
                  mask=(cc[:, None] < C) & (rr[None, :] < R))
 
 
-def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, scale_fn, tr: int = 64, tc: int = 128):
-    """Rowwise (per-row) and/or per-column quantize; ``scale_fn(amax_bits) -> (inv_bits, scale_bits, bad)``
-    is the reference's scale rule. Returns ((q [R, C], scale [R, 1]) | None, (qt [C, R], scale [C, 1]) | None)."""
+def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: int = 128):
+    """Rowwise (per-row) and/or per-column quantize with ``kernels.mx``'s power-of-two rule.
+    Returns ((q [R, C], scale [R, 1]) | None, (qt [C, R], scale [C, 1]) | None), each with its shape."""
     r, c = x.shape
     dev = x.device
-    grid = (triton.cdiv(r, tr), triton.cdiv(c, tc))
-    rp = torch.empty(r, grid[1], dtype=torch.int32, device=dev) if row else torch.empty(1, 1, dtype=torch.int32, device=dev)
-    cp = torch.empty(grid[0], c, dtype=torch.int32, device=dev) if col else torch.empty(1, 1, dtype=torch.int32, device=dev)
-    _amax_kernel[grid](x, r, c, x.stride(0), x.stride(1), rp, rp.stride(0), cp, cp.stride(0),
-                       TR=tr, TC=tc, ROW=row, COL=col, num_warps=4)
-    outs = []
-    invs = []
-    for on, part, dim in ((row, rp, 1), (col, cp, 0)):
-        if not on:
-            outs.append(None)
-            invs.append(torch.empty(1, dtype=torch.int32, device=dev))
-            continue
-        inv, sbits, bad = scale_fn(part.amax(dim=dim))
-        invs.append(torch.where(bad, torch.zeros_like(inv), inv).contiguous())
-        outs.append(sbits.view(torch.float32).unsqueeze(1))
+    grid = (max(1, triton.cdiv(r, tr)), max(1, triton.cdiv(c, tc)))
+    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    ra = torch.zeros(r, dtype=torch.int32, device=dev) if row else one
+    ca = torch.zeros(c, dtype=torch.int32, device=dev) if col else one
+    if r and c:
+        _amax_rc_kernel[grid](x, r, c, x.stride(0), x.stride(1), ra, ca, TR=tr, TC=tc, ROW=row, COL=col,
+                              num_warps=4)
+    rs = torch.empty(r, 1, dtype=torch.float32, device=dev) if row else torch.empty(1, dtype=torch.float32, device=dev)
+    cs = torch.empty(c, 1, dtype=torch.float32, device=dev) if col else torch.empty(1, dtype=torch.float32, device=dev)
     q = torch.empty(r, c, dtype=torch.uint8, device=dev) if row else torch.empty(1, 1, dtype=torch.uint8, device=dev)
     qt = torch.empty(c, r, dtype=torch.uint8, device=dev) if col else torch.empty(1, 1, dtype=torch.uint8, device=dev)
-    _apply_kernel[grid](x, r, c, x.stride(0), x.stride(1), q, q.stride(0), invs[0], qt, qt.stride(0), invs[1],
+    _apply_kernel[grid](x, r, c, x.stride(0), x.stride(1), q, q.stride(0), ra, rs, qt, qt.stride(0), ca, cs,
                         TR=tr, TC=tc, ROW=row, COL=col, num_warps=4)
     f8 = torch.float8_e4m3fn
-    rows = (q.view(f8), outs[0], (r, c)) if row else None
-    cols = (qt.view(f8), outs[1], (c, r)) if col else None
+    rows = (q.view(f8), rs, (r, c)) if row else None
+    cols = (qt.view(f8), cs, (c, r)) if col else None
     return rows, cols
 
 

@@ -1,5 +1,6 @@
-"""Tensorwise quantizer (one power-of-two scale per tensor, e4m3 or e5m2): Triton (interpreter) vs the
-reference bit for bit in both layouts, the e5m2 encoder against torch's cast, special values, error bounds."""
+"""Tensorwise quantizer (one power-of-two scale per tensor, e4m3 or e5m2) and the rowwise amax pass: Triton
+(interpreter) vs the reference bit for bit in both layouts, the e5m2 encoder against torch's cast, special
+values, error bounds."""
 
 import os
 
@@ -105,3 +106,14 @@ def test_amax_pass_loops_over_row_tiles(row_step):
     assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == want.item()
     x[199, 69] = float("nan")  # in the last, partial row tile
     assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == 0x7FC00000
+
+
+def test_rowwise_scales_gather_over_several_tiles():
+    """The rowwise amax pass combines tiles with atomic max per row and per column (here 3 x 3 tiles of
+    64 x 128); the result must still be the reference bit for bit, NaN rows/columns included."""
+    x = finite_wide(150, 300, torch.float32, seed=5)
+    x[70, 290] = float("nan")
+    for axis in (0, 1):
+        ref, tri = mx.quantize_rowwise(x, axis, backend="ref"), mx.quantize_rowwise(x, axis, backend="triton")
+        assert torch.equal(bits(tri.data), bits(ref.data)) and torch.equal(bits(tri.scale), bits(ref.scale))
+    assert mx.dequantize_scaled(mx.quantize_rowwise(x, 1, backend="triton"))[70].isnan().all()

@@ -160,6 +160,15 @@ def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, 
     return proc
 
 
+def _last_step(run_dir: Path) -> int | None:
+    """The last logged training step of a run (from its metrics.jsonl), or None."""
+    f = run_dir / "metrics.jsonl"
+    if not f.exists():
+        return None
+    steps = [json.loads(ln).get("step") for ln in f.read_text().splitlines() if '"train"' in ln]
+    return steps[-1] if steps else None
+
+
 def _dir_name(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
@@ -177,7 +186,9 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
                 p.kill()
                 p.wait()
                 p.log.close()  # type: ignore[attr-defined]
-                results[n] = {"error": f"stopped at the {args.deadline:.0f} s deadline"}
+                step = _last_step(args.run_root / _dir_name(n))
+                results[n] = {"error": f"stopped at the {args.deadline:.0f} s deadline"
+                              + (f" after step {step}" if step is not None else " before its first logged step")}
             for n in pending:
                 results[n] = {"error": "not started before the deadline"}
             break

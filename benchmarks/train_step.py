@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -283,7 +284,7 @@ def run_variant(name: str, schema, model_dict: dict, url: str, args, device: tor
     if v.plain:
         flops, _ = count_flops(lambda: loss_of(model, batch, autocast).backward())
         optimizer.zero_grad(set_to_none=True)
-        if name.startswith("jagged") or v.shape not in useful_per_event:
+        if name == f"jagged-{v.shape}" or v.shape not in useful_per_event:
             useful_per_event[v.shape] = flops / max(1, real_events(batch))
     elif v.shape not in useful_per_event:  # no plain run of this shape: the model's own formula (3x forward)
         useful_per_event[v.shape] = 3 * model.forward_flops(batch)["total"] / max(1, real_events(batch))
@@ -529,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
                 except (torch.OutOfMemoryError, RuntimeError) as e:
                     if not _is_oom(e):
                         raise
-                    print(f"# {name}: out of memory ({str(e).splitlines()[0][:160]})", flush=True)
+                    where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                       for f in reversed(traceback.extract_tb(e.__traceback__)[-8:]))
+                    print(f"# {name}: out of memory ({str(e).splitlines()[0][:160]}) at {where}", flush=True)
                 gc.collect()  # free this variant's model and optimizer before the next one
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

@@ -410,14 +410,15 @@ def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tenso
     """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, fp8 error, bf16 error) of one case, errors against
     a float64 reference; with ``emulation`` a seventh item: the FP8 output against its fp32 emulation."""
     from kernels.attention_fp8 import jagged_attention_fp8, jagged_attention_fp8_ref
-    from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_jagged_triton
+    from kernels.attention_fp8_op import fp8_fwd_quantized, quant_plan, quantize_jagged_triton
     from kernels.attention_op import _len_key
     from kernels.attention_ref import jagged_attention_ref
 
-    def quant():
+    def quant():  # as the op does it: K and V share one plan
         a, _ = quantize_jagged_triton(q, qo, qb)
-        b, _ = quantize_jagged_triton(k, offs, qb)
-        c, ct = quantize_jagged_triton(v, offs, qb, transposed=v_t)
+        kv_plan = quant_plan(offs, qb, k.shape[0])
+        b, _ = quantize_jagged_triton(k, offs, qb, plan=kv_plan)
+        c, ct = quantize_jagged_triton(v, offs, qb, transposed=v_t, plan=kv_plan)
         return a, b, c, ct
 
     qq, kq, vq, vt = quant()

@@ -21,16 +21,23 @@ from kernels.attention_triton_common import INTERPRET
 Tensor = torch.Tensor
 
 
-def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False
-                           ) -> tuple[Fp8Jagged, Tensor | None]:
-    """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
-    ``[H * D, tokens]`` copy of the codes (token stride padded to 16 bytes) that the attention kernel reads V from."""
-    total, heads, dim = x.shape
-    bid_bound = (total + block - 1) // block + offsets.numel() - 1
+def quant_plan(offsets: Tensor, block: int, total: int) -> tuple[Tensor, Tensor, int]:
+    """(first scale block of each row [B+1] int32, work list, its length) of one jagged layout; K and V share it."""
     lens = (offsets[1:] - offsets[:-1]).long()
     nblk = (lens + block - 1) // block
     blk_off = torch.cat([nblk.new_zeros(1), nblk.cumsum(0)]).to(torch.int32)
     work, n_items = work_list(offsets, offsets, block, total)
+    return blk_off, work, n_items
+
+
+def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False,
+                           plan: tuple[Tensor, Tensor, int] | None = None) -> tuple[Fp8Jagged, Tensor | None]:
+    """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
+    ``[H * D, tokens]`` copy of the codes (token stride padded to 16 bytes) that the attention kernel reads V from.
+    ``plan``: ``quant_plan(offsets, block, len(x))``, to share one between tensors of the same layout."""
+    total, heads, dim = x.shape
+    bid_bound = (total + block - 1) // block + offsets.numel() - 1
+    blk_off, work, n_items = plan if plan is not None else quant_plan(offsets, block, total)
     data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scale = torch.empty(max(bid_bound, 1), heads, dtype=torch.int32, device=x.device)
     data_t = None
@@ -85,8 +92,9 @@ def jagged_attn_fp8_fwd(
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
     qq, _ = quantize_jagged_triton(q, q_offsets, quant_block)
-    kq, _ = quantize_jagged_triton(k, kv_offsets, quant_block)
-    vq, v_t = quantize_jagged_triton(v, kv_offsets, quant_block, transposed=v_transposed)
+    kv_plan = quant_plan(kv_offsets, quant_block, k.shape[0])  # K and V share the layout
+    kq, _ = quantize_jagged_triton(k, kv_offsets, quant_block, plan=kv_plan)
+    vq, v_t = quantize_jagged_triton(v, kv_offsets, quant_block, transposed=v_transposed, plan=kv_plan)
     return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
                              q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
                              len_key, q_len_hint, quant_block)
@@ -149,4 +157,4 @@ def jagged_attention_fp8_triton(
     return out
 
 
-__all__ = ["fp8_fwd_quantized", "jagged_attention_fp8_triton", "quantize_jagged_triton"]
+__all__ = ["fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan", "quantize_jagged_triton"]

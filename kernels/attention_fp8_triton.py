@@ -233,7 +233,7 @@ def jagged_quant_kernel(
     y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
     code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
     tl.store(OUT + ptrs, code, mask=ok)
-    if TRANSPOSED:
-        t_ptrs = (h * HEAD_DIM + offs_d).to(tl.int64)[None, :] * stride_t + offs_t[:, None]
-        tl.store(OUT_T + t_ptrs, code, mask=ok)
+    if TRANSPOSED:  # tokens as the fast dim of the store (coalesced); the transpose goes through the tile
+        t_ptrs = (h * HEAD_DIM + offs_d).to(tl.int64)[:, None] * stride_t + offs_t[None, :]
+        tl.store(OUT_T + t_ptrs, tl.trans(code), mask=(offs_d < HEAD_DIM)[:, None] & (offs_t < end)[None, :])
     tl.store(SCALE + (tl.load(BLKOFF + row) + c) * H + h, stored)

@@ -65,3 +65,25 @@ def test_compile_is_a_validated_train_field():
 
     with pytest.raises(ConfigError, match="train.compile"):
         run_config_from_dict({"schema": "s.yaml", "data": {"train_url": "x"}, "train": {"compile": "maybe"}})
+
+
+def test_trainer_compiles_and_trains_without_recompiling(tiny_cfg, tmp_path, monkeypatch):
+    import functools
+
+    import train.compile
+    from train.trainer import Trainer
+
+    monkeypatch.setattr(train.compile, "compile_dense_blocks",
+                        functools.partial(compile_dense_blocks, backend=BACKEND))
+    torch._dynamo.reset()
+    cfg = tiny_cfg(train__compile="true", train__steps=3, train__batch_size=32, train__log_every=1, eval__at_end="false",
+                   model__sequence_encoder__num_layers=1)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    assert "encoders.history.layers.0.mlp" in tr.compiled_blocks and "heads.click" in tr.compiled_blocks
+    tr.fit()  # warm-up: the first step compiles every block
+    torch._dynamo.utils.counters.clear()
+    tr.cfg.train.steps = 6
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        summary = tr.fit()  # three more steps, new batches (other ΣL): would raise on a recompile
+    assert summary["steps"] == 6
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0

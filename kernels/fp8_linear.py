@@ -20,9 +20,9 @@ mxfp8      MXFP8: e4m3 + E8M0 scale per 32 elements     sm_100+: ``scaled_mm`` B
 blockwise  activations/gradients 1x128, weights 128x128 ``scaled_mm`` BlockWise1x128 x BlockWise128x128;
            (weight gradient: 1x128 on both operands)    wgrad BlockWise1x128 x BlockWise1x128
 rowwise    one scale per row of each operand            ``scaled_mm`` RowWise
-tensorwise one scale per tensor (current scaling: an amax ``torch._scaled_mm`` TensorWise (cuBLASLt); the
-           pass, then one cast pass writing both layouts);  output GEMM with fast accumulation
-           e4m3 for x and W, e5m2 for dY (``grad_format``)
+tensorwise one scale per tensor (an amax pass, then one ``torch._scaled_mm`` TensorWise (cuBLASLt);
+           cast pass writing both layouts); e4m3 for x  the output GEMM with fast accumulation
+           and W, e5m2 for dY (``grad_format``)
 bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ========== ============================================ =============================================
 

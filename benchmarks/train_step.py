@@ -193,6 +193,25 @@ def mean_events_per_row(schema, url: str, batch_size: int, batches: int = 8) -> 
     return events / max(1, rows)
 
 
+def sdpa_bias_check(device: torch.device, heads: int, head_dim: int) -> str:
+    """Whether SDPA's memory-efficient kernel takes an additive bf16 mask that needs a gradient (the padded
+    baseline's relative bias), with SDPA's own reasons when it does not (it falls back to the float32 math path)."""
+    import warnings
+
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention
+
+    q, k, v = (torch.randn(2, heads, 64, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.zeros(1, heads, 64, 64, device=device, dtype=torch.bfloat16, requires_grad=True) * 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ok = can_use_efficient_attention(SDPAParams(q, k, v, mask, 0.0, False, False), True)
+        except TypeError:  # before enable_gqa
+            ok = can_use_efficient_attention(SDPAParams(q, k, v, mask, 0.0, False), True)
+    reasons = "; ".join(str(w.message).split(" (Triggered")[0] for w in caught)
+    return f"SDPA memory-efficient kernel with a bias that needs a gradient: {ok}" + (f" ({reasons})" if reasons else "")
+
+
 def run_variant(name: str, schema, model_dict: dict, url: str, args, device: torch.device,
                 useful_per_event: dict[str, float]) -> dict:
     v = VARIANTS[name]
@@ -521,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
             write_synthetic(schema, url, rows, seed=0, files=4)
             print(f"# {rows} synthetic {schema.name} rows written in {time.perf_counter() - t0:.1f} s", flush=True)
             useful: dict[str, float] = {}
+            if device.type == "cuda" and any(n.startswith("padded") for n in names):
+                print("# " + sdpa_bias_check(device, base["num_heads"], base["d_model"] // base["num_heads"]),
+                      flush=True)
             # plain jagged variants first: they set the useful FLOPs of their shape
             for name in sorted(names, key=lambda n: (not n.startswith("jagged"), not VARIANTS[n].plain)):
                 t0 = time.perf_counter()

@@ -261,10 +261,18 @@ class PlanNote:
     why: str
 
 
-def table_constraints(schema: FeatureSchema, device_type: str, strict: bool = False):
+# 2D sparse parallelism (DMPCollection) cannot build a table-column-wise table on a rank that holds none
+# of its shards: torchrec 1.8's empty-shard path (distributed/embeddingbag.py, line 1299) takes the global
+# shape from create_global_tensor_shape_stride_from_metadata (distributed/utils.py, line 601), which
+# knows column-, row-, table-wise and grid shards only.
+NOT_2D = {"table_column_wise"}
+
+
+def table_constraints(schema: FeatureSchema, device_type: str, strict: bool = False, two_d: bool = False):
     """torchrec ParameterConstraints per table from the schema's `sharding:` and the device's kernels.
 
-    Returns (constraints, notes): a note for each table whose asked-for type the device lacks.
+    Returns (constraints, notes): a note for each table whose asked-for type the device (or, with
+    `two_d`, 2D sparse parallelism) lacks.
     """
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -284,7 +292,8 @@ def table_constraints(schema: FeatureSchema, device_type: str, strict: bool = Fa
         if t.name not in kind_of:
             continue
         kind = kind_of[t.name]
-        ok = [s for s in supported[kind] if s != "data_parallel" or device_type != "cpu"]
+        ok = [s for s in supported[kind] if (s != "data_parallel" or device_type != "cpu")
+              and not (two_d and s in NOT_2D)]
         if t.sharding is None:
             # the planner picks; on CPU not data_parallel (a 2-rank trial failed in its batch split)
             constraints[t.name] = ParameterConstraints(sharding_types=ok)
@@ -658,7 +667,7 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
                    if getattr(emb, n) is not None for k, v in getattr(emb, n).state_dict().items()
                    if not v.is_meta}
     apply_sparse_optimizer(model, so["name"], so["lr"], so.get("eps", 1e-8), so.get("weight_decay", 0.0))
-    constraints, notes = table_constraints(schema, device.type, cfg.strict_sharding)
+    constraints, notes = table_constraints(schema, device.type, cfg.strict_sharding, two_d=bool(cfg.sharding_group_size))
     sharders = [EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()]
     group = cfg.sharding_group_size or ws
     if ws % group:
@@ -667,10 +676,9 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
     topology = Topology(world_size=group, compute_device=device.type, local_world_size=min(local_ws, group))
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints,
                                        batch_size=cfg.planner_batch_size or batch_size, debug=False)
-    if group == ws:
-        plan = planner.collective_plan(tm, sharders, dist.GroupMember.WORLD)
-    else:
-        plan = planner.plan(tm, sharders)  # same inputs on every rank -> the same plan
+    # planned on rank 0 and broadcast (also for 2D, whose plan covers one group): ranks planning on their
+    # own can disagree (torchrun's processes break the planner's ties in different orders)
+    plan = planner.collective_plan(tm, sharders, dist.GroupMember.WORLD)
 
     units: list[str] = []
 

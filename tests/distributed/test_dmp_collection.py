@@ -42,3 +42,20 @@ def test_2d_shards_live_inside_a_group(four_ranks):
         assert {s["rank"] for s in item["shards"]} == group
         for entry in plan.values():
             assert set(entry["ranks"]) <= group
+
+
+def test_2d_plans_avoid_table_column_wise():
+    # torchrec 1.8 cannot build an empty table-column-wise shard under DMPCollection, so 2D plans
+    # never offer that type: a grid table falls back to column-wise instead (1D: table-column-wise)
+    from model.parallelize import table_constraints
+    from tests.distributed.harness import schema_with
+
+    schema = schema_with({"user": "grid", "ad": "grid"})
+    cons_1d, notes_1d = table_constraints(schema, "cpu")
+    cons_2d, notes_2d = table_constraints(schema, "cpu", two_d=True)
+    assert cons_1d["user"].sharding_types == ["table_column_wise"]
+    assert cons_2d["user"].sharding_types == ["column_wise"]
+    assert {n.used for n in notes_2d} == {"column_wise"} and len(notes_2d) == len(notes_1d) == 2
+    for c in cons_2d.values():
+        assert "table_column_wise" not in c.sharding_types
+    assert any("table_column_wise" in c.sharding_types for c in cons_1d.values() if len(c.sharding_types) > 1)

@@ -16,8 +16,9 @@
   tables and expert-parallel MoEs ignored, gradients all-reduced in buckets while backward runs
   (`reduce_dtype: bf16` sends them as bf16). For a dense part of a few MB this moves one copy of
   the gradients per step instead of FSDP2's per-block gathers and reduce-scatters.
-- **Tables replicated** (`sparse: replicate`, for GPUs without fbgemm's CUDA kernels): no DMP; the
-  tables' gradients are all-reduced row-sparsely after backward (`ReplicatedGradSync`).
+- **Tables replicated** (`sparse: replicate`, for GPUs without fbgemm's CUDA kernels): no DMP; after
+  backward each rank's touched rows are all-gathered and averaged (`ReplicatedGradSync`: a fixed
+  number of collectives and one host read per step, shared with the gradient norm).
 - **Experts**: `ExpertParallelMoE` (model/expert_parallel.py) swaps each `MoE` for one that keeps num_experts / ep of
   the experts and moves tokens by all-to-all. Every MoE of a multi-rank run is swapped (also at
   ep = 1), so its load-balance loss uses the routing statistics of the global batch.
@@ -38,7 +39,8 @@ data_parallel -> table_wise), said in the plan; `strict_sharding: true` makes th
 2D sparse parallelism: torchrec's `DMPCollection` on CUDA; on CPU `model.dmp_cpu.CpuDMPCollection`
 (torchrec 1.8 asserts CUDA in its constructor; the rest runs on gloo). The tables of each replica
 group take their own fused update and `Parallelized.after_step` (`sync()`) averages the replicas
-after every step, which for SGD equals the single-process update exactly.
+after every step, which for SGD equals the single-process update exactly. 2D plans leave out
+table_column_wise (`NOT_2D`) and, like 1D plans, are made on rank 0 and broadcast.
 """
 
 from __future__ import annotations

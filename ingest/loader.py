@@ -38,14 +38,14 @@ from features.errors import GemtrainError
 from features.schema import FeatureSchema
 from ingest.batch import JaggedBatch
 from ingest.batching import row_events, token_batches
-from ingest.convert import table_to_batch
+from ingest.convert import Rows, table_to_batch
 from ingest.errors import BadFileError, DataError
 from ingest.id_stats import id_leaves
 from ingest.listing import FileRef, list_files
 from ingest.plan import REMAINDER_POLICIES, EpochPlan, ReadSlice, fresh_pieces
 from ingest.reader import RetryPolicy, read_footers, read_row_group
 from ingest.stats import LoaderStats, QuarantineRecord
-from ingest.window import concat_tables, split_rows, take_rows, window_rows
+from ingest.window import split_rows, table_rows, take_rows, window_rows
 
 STATE_VERSION = 1
 NONFINITE_POLICIES = ("error", "zero")
@@ -296,7 +296,7 @@ class Loader:
         parts = [table.slice(s.start, s.rows) for s in task.slices]
         return task, (parts[0] if len(parts) == 1 else pa.concat_tables(parts))
 
-    def _convert(self, item: tuple[pa.Table, dict[str, Any]]) -> tuple[JaggedBatch, dict[str, Any]]:
+    def _convert(self, item: tuple[Rows, dict[str, Any]]) -> tuple[JaggedBatch, dict[str, Any]]:
         table, info = item
         # Files were checked from their footers: no per-batch column check, no range check of
         # the ids their statistics cover.
@@ -308,7 +308,7 @@ class Loader:
     def _assemble(self, read: tn.BaseNode, plan: EpochPlan, w: int, skip: int):
         pending: list[tuple[pa.Table | None, int]] = []
         have = 0
-        acc: list[pa.Table] = []
+        acc: Rows = []
         acc_pos = 0
         for item in read:
             if isinstance(item, _Raised):
@@ -325,16 +325,15 @@ class Loader:
                     yield from self._token_window(plan, w, window, skip)
                 else:
                     for part, positions in self._fixed_window(plan, w, window, skip):
-                        if part is not None:
-                            acc.append(part)
+                        acc += part
                         acc_pos += positions
                         if acc_pos == self.config.batch_size:
-                            yield concat_tables(acc, self.schema), {"positions": acc_pos}
+                            yield acc, {"positions": acc_pos}
                             acc, acc_pos = [], 0
                 skip = 0
                 w += 1
         if acc_pos:
-            yield concat_tables(acc, self.schema), {"positions": acc_pos}
+            yield acc, {"positions": acc_pos}
 
     def _stream(self, read: tn.BaseNode):
         """Batches of stream positions `[k * batch_size, (k + 1) * batch_size)`, cut as rows arrive."""
@@ -352,13 +351,13 @@ class Loader:
             while have >= need:
                 part, pending = split_rows(pending, need)
                 have -= need
-                yield concat_tables([t for t, _ in part if t is not None], self.schema), {"positions": need}
+                yield table_rows([t for t, _ in part if t is not None]), {"positions": need}
                 need = bs
         if have:
-            yield concat_tables([t for t, _ in pending if t is not None], self.schema), {"positions": have}
+            yield table_rows([t for t, _ in pending if t is not None]), {"positions": have}
 
     def _fixed_window(self, plan: EpochPlan, w: int, window: list[tuple[pa.Table | None, int]], skip: int):
-        """(rows table or None, stream positions) pieces in emission order, cut at batch boundaries."""
+        """(rows as `Rows` parts, stream positions) pieces in emission order, cut at batch boundaries."""
         table, valid = window_rows(window)
         perm = plan.window_perm(self.rank, w)
         i = skip

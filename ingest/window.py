@@ -1,7 +1,7 @@
 """A shuffle window's rows: cutting the read stream into windows and gathering a batch's rows.
 
 Rows stay in the record batches they were decoded into (zero-copy slices of the row groups); a
-batch is a slice where its rows are contiguous, else one gather per record batch it touches.
+batch is a list of `(record batch, rows)` parts that the converter gathers from, once.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from features.schema import FeatureSchema
-from ingest.convert import list_offsets
+from ingest.convert import Rows, list_offsets
 
 
 def split_rows(pending: list[tuple[pa.Table | None, int]], n: int):
@@ -59,25 +58,26 @@ def window_rows(window: list[tuple[pa.Table | None, int]]):
     return (WindowRows(tables) if tables else None), valid
 
 
-def take_rows(rows_of: WindowRows | None, rows: np.ndarray) -> pa.Table | None:
-    """Rows (ascending) of a window: slices where they are contiguous, else one gather per batch."""
+def take_rows(rows_of: WindowRows | None, rows: np.ndarray) -> Rows:
+    """Rows (ascending) of a window as `(record batch, rows)` parts for `table_to_batch`: a slice
+    where they are consecutive, else the record batch and the picked indices (gathered once, by
+    the converter, straight into the batch's buffers)."""
     if rows_of is None or len(rows) == 0:
-        return None
+        return []
     k = np.searchsorted(rows_of.starts, rows, side="right") - 1
     cut = np.flatnonzero(np.diff(k)) + 1
-    parts = []
+    parts: Rows = []
     for grp in np.split(np.arange(len(rows)), cut):
         b = int(k[grp[0]])
         local = rows[grp] - rows_of.starts[b]
         rb = rows_of.batches[b]
         if local[-1] - local[0] == len(local) - 1:
-            parts.append(rb.slice(int(local[0]), len(local)))
+            parts.append((rb.slice(int(local[0]), len(local)), None))
         else:
-            parts.append(rb.take(pa.array(local, type=pa.int64())))
-    return pa.Table.from_batches(parts)
+            parts.append((rb, local))
+    return parts
 
 
-def concat_tables(parts: list[pa.Table], schema: FeatureSchema) -> pa.Table:
-    if not parts:
-        return schema.arrow_schema().empty_table()
-    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+def table_rows(tables: list[pa.Table]) -> Rows:
+    """All rows of the tables, in order, as `(record batch, None)` parts (no copy)."""
+    return [(rb, None) for t in tables for rb in t.to_batches() if rb.num_rows]

@@ -3,9 +3,11 @@ the unshuffled stream that holds no shuffle window."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from ingest.errors import DataError
 from ingest.id_stats import id_leaves, ids_in_range
@@ -64,3 +66,38 @@ def test_unshuffled_stream_over_ranks_and_resume(demo_schema, local_store):
                                 rank=rank, world_size=world)
                 second.load_state_dict(first.state_dict())
                 assert got + [b.row_ids.tolist() for b in second] == full
+
+
+def test_picked_rows_gather_equals_arrow_take(demo_schema):
+    from ingest.convert import table_to_batch
+    from tests.ingest.tables import demo_table
+
+    m = demo_schema.sequence("history").max_length
+    rng = np.random.default_rng(0)
+    batches = []
+    for i, lengths in enumerate(([3, 0, m + 9, 5, 1, 2], [7, 4, 0, 2 * m], [1, 2, 3, 4, 5])):
+        t = demo_table(demo_schema, lengths, seed=10 + i, start_row=10 * i)
+        # Nulls: a null history spanning values, a null label, a null float vector; one batch sliced.
+        if i == 0:
+            hist = t.column("history").combine_chunks()
+            mask = pa.array([False, False, False, True, False, False])
+            t = t.set_column(0, "history", pa.ListArray.from_arrays(hist.offsets, hist.values, mask=mask))
+            t = t.set_column(t.schema.get_field_index("click"), "click",
+                             pa.array([1.0, None, 0.0, 1.0, None, 0.0], pa.float32()))
+        rb = t.to_batches()[0]
+        batches.append(rb.slice(1) if i == 1 else rb)
+    parts = []
+    for rb in batches:
+        rows = np.sort(rng.choice(rb.num_rows, size=3, replace=False))
+        parts.append((rb, rows))
+    got = table_to_batch(parts, demo_schema)
+    want = table_to_batch(pa.Table.from_batches([rb.take(pa.array(r)) for rb, r in parts]), demo_schema)
+    assert got.sparse.keys() == want.sparse.keys()
+    assert torch.equal(got.sparse.values(), want.sparse.values())
+    assert torch.equal(got.sparse.lengths(), want.sparse.lengths())
+    for name in ("seq_offsets", "seq_floats", "seq_timestamps"):
+        assert torch.equal(getattr(got, name)["history"], getattr(want, name)["history"])
+    for name in ("dense", "labels", "label_mask", "weights", "row_ids"):
+        assert torch.equal(getattr(got, name), getattr(want, name))
+    assert got.stats.to_dict() == want.stats.to_dict()
+    assert got.stats.sequences["history"].truncated_events > 0

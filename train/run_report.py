@@ -185,7 +185,7 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
             vals = [float(e.get(metric, float("nan"))) for e in evals]
             if all(math.isnan(v) for v in vals):
                 continue
-            deltas = [f"{100 * (v / base - 1):+.2f}%" if metric == "ne" and base else "" for v in vals[1:]]
+            deltas = [f"{100 * (v / base - 1):+.3f}%" if metric == "ne" and base else "" for v in vals[1:]]
             rows.append([t, metric.replace("_", " ")] + vals + deltas)
     steps = [s.get("steps") for s in summaries]
     rows.append(["(run)", "steps"] + steps + ["" for _ in steps[1:]])

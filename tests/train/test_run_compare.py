@@ -26,12 +26,12 @@ def test_side_by_side_ne_with_change_against_the_first_run(tmp_path, capsys):
     comp = compare_runs([full, block])
     assert comp.head == ["task", "metric", "full", "block", "NE vs full: block"]
     ne = next(r for r in comp.rows if r[:2] == ["click", "ne"])
-    assert ne[2:] == [0.80, 0.82, "+2.50%"]
+    assert ne[2:] == [0.80, 0.82, "+2.500%"]
     assert not any(r[0] == "conversion" for r in comp.rows)
-    assert "| click | ne | 0.8000 | 0.8200 | +2.50% |" in comp.markdown().splitlines()
+    assert "| click | ne | 0.8000 | 0.8200 | +2.500% |" in comp.markdown().splitlines()
     page = write_comparison([full, block], tmp_path / "cmp.html")
-    assert "<td>+2.50%</td>" in page.read_text() and "full vs block" in page.read_text()
-    assert main([full, block]) == 0 and "| click | ne | 0.8000 | 0.8200 | +2.50% |" in capsys.readouterr().out
+    assert "<td>+2.500%</td>" in page.read_text() and "full vs block" in page.read_text()
+    assert main([full, block]) == 0 and "| click | ne | 0.8000 | 0.8200 | +2.500% |" in capsys.readouterr().out
 
 
 def test_unfinished_run_or_single_run_is_a_clear_error(tmp_path, capsys):

@@ -42,3 +42,14 @@ def test_unfinished_run_or_single_run_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(GemtrainError, match="at least two"):
         compare_runs([full])
     assert main([full, str(tmp_path / "unfinished")]) == 2 and "error:" in capsys.readouterr().err
+
+
+def test_gemtrain_report_compare_command(tmp_path, capsys):
+    from train.cli import main as gemtrain
+
+    full = _run(tmp_path, "full", 0.80)
+    block = _run(tmp_path, "block", 0.804)
+    assert gemtrain(["report", "compare", full, block, "--out", str(tmp_path / "cmp.html")]) == 0
+    out = capsys.readouterr().out
+    assert "| click | ne | 0.8000 | 0.8040 | +0.500% |" in out and (tmp_path / "cmp.html").exists()
+    assert gemtrain(["report", "compare", full]) == 1 and "at least two" in capsys.readouterr().err

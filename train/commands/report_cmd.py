@@ -1,4 +1,5 @@
-"""`gemtrain report padding DATA --schema S`: what padding the histories would cost, as a table and HTML."""
+"""`gemtrain report padding DATA --schema S`: what padding the histories would cost, as a table and HTML;
+`gemtrain report compare RUN_A RUN_B ...`: the held-out metrics of finished runs side by side."""
 
 from __future__ import annotations
 
@@ -88,5 +89,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="folders of finished runs; the first is the baseline")
+    p.add_argument("--out", metavar="FILE.html", default=None, help="also write the table as an HTML page")
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from train.run_report import compare_runs, write_comparison
+
+    print(compare_runs(args.runs).markdown())
+    if args.out:
+        print(f"wrote {write_comparison(args.runs, args.out)}")
+    return 0
+
+
 COMMANDS = [Command("report", "padding", "padding-savings report of a dataset's history lengths "
-                    "(terminal table and self-contained HTML)", _add, _run)]
+                    "(terminal table and self-contained HTML)", _add, _run),
+            Command("report", "compare", "held-out NE, AUC and calibration of finished runs side by side "
+                    "(the first run is the baseline)", _add_compare, _run_compare)]

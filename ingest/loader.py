@@ -11,7 +11,9 @@ exactly the batches an uninterrupted one would have produced.
 
 State is global: with a fixed batch size every rank consumes the same number of stream positions
 per batch, so any rank's state describes every rank's progress; with a token budget the ranks'
-cursors differ, and `state_dict()` gathers them over torch.distributed (or `merge_state_dicts`
+cursors differ (each rank batches its own rows, then the ranks agree on a common number of batches
+per shuffle window, the largest, and the others split their heaviest batches to reach it, so the
+ranks step in lockstep: see `Loader.__init__`), and `state_dict()` gathers them over torch.distributed (or `merge_state_dicts`
 joins the per-rank states). A state loaded at another world size re-plans the rows that no rank
 had consumed, so each row of the epoch is still yielded exactly once.
 
@@ -25,7 +27,7 @@ held its rows are that much smaller, so every rank still yields the same number 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,7 @@ import torchdata.nodes as tn
 from features.errors import GemtrainError
 from features.schema import FeatureSchema
 from ingest.batch import JaggedBatch
-from ingest.batching import row_events, token_batches
+from ingest.batching import row_events, split_to, token_batches
 from ingest.convert import Rows, table_to_batch
 from ingest.errors import BadFileError, DataError
 from ingest.id_stats import id_leaves
@@ -156,10 +158,19 @@ def _tasks(slices: list[ReadSlice]) -> list[_Task]:
 class Loader:
     """Iterable of `JaggedBatch` for one rank; see the module docstring."""
 
-    def __init__(self, schema: FeatureSchema, config: LoaderConfig, rank: int = 0, world_size: int = 1):
+    def __init__(self, schema: FeatureSchema, config: LoaderConfig, rank: int = 0, world_size: int = 1,
+                 agree_batches: Callable[[int], int] | None = None):
+        """`agree_batches` (token budget only): given this rank's number of batches in a shuffle window,
+        returns the number every rank uses (the largest), called once per window by every rank in
+        the same order. Left out with `world_size > 1` under an initialised torch.distributed, it is
+        an all-reduce (MAX) over a gloo group the loader creates here (so every rank must build its
+        loader); without torch.distributed, ranks keep their own counts (not in lockstep)."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise GemtrainError(f"loader: rank {rank} is not in [0, world_size={world_size})")
         self.schema, self.config, self.rank, self.world_size = schema, config, rank, world_size
+        self._agree = agree_batches
+        if self._agree is None and config.token_budget is not None and world_size > 1:
+            self._agree = _distributed_max(world_size)
         self.stats = LoaderStats()
         self._columns = schema.column_names()
         self._policy = RetryPolicy(attempts=config.retries)
@@ -398,6 +409,8 @@ class Loader:
         events = row_events([ln[rows] for ln in lengths], self._max_lengths) if lengths \
             else np.zeros(len(rows), np.int64)
         groups = token_batches(events, self.config.token_budget, self.config.batch_size)
+        if self._agree is not None:  # every rank, every window, in window order (a collective)
+            groups = split_to(groups, events, self._agree(len(groups)))
         for b, g in enumerate(groups):
             if b < skip:
                 continue
@@ -494,6 +507,22 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
+
+def _distributed_max(world_size: int) -> Callable[[int], int] | None:
+    """All-reduce (MAX) of an int over a gloo group of its own: the loader calls it from its pipeline
+    thread, which must not share a communicator with the training step's collectives."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world_size:
+        return None
+    group = dist.new_group(backend="gloo")
+
+    def agree(n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return int(t.item())
+
+    return agree
 
 
 def _nonfinite_dense(batch: JaggedBatch, schema: FeatureSchema, policy: str, stats: LoaderStats) -> None:

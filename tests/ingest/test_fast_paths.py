@@ -3,6 +3,8 @@ the unshuffled stream that holds no shuffle window."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,3 +103,53 @@ def test_picked_rows_gather_equals_arrow_take(demo_schema):
         assert torch.equal(getattr(got, name), getattr(want, name))
     assert got.stats.to_dict() == want.stats.to_dict()
     assert got.stats.sequences["history"].truncated_events > 0
+
+
+class _MaxOverThreads:
+    """`agree_batches` for ranks run as threads of one process: the max of the ranks' counts per call."""
+
+    def __init__(self, world: int):
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.values: dict[tuple[int, int], int] = {}
+        self.calls = [0] * world
+
+    def for_rank(self, rank: int):
+        def agree(n: int) -> int:
+            call = self.calls[rank]
+            self.calls[rank] += 1
+            self.values[(call, rank)] = n
+            self.barrier.wait()
+            return max(v for (c, _), v in self.values.items() if c == call)
+        return agree
+
+
+def test_token_budget_ranks_step_in_lockstep(demo_schema, local_store):
+    budget, world = 1500, 3
+
+    def run(agree=None):
+        out = [None] * world
+
+        def one(rank):
+            loader = Loader(demo_schema, _cfg(local_store.url, token_budget=budget, batch_size=64,
+                                              shuffle_buffer_rows=100, num_threads=0),
+                            rank=rank, world_size=world, agree_batches=agree and agree.for_rank(rank))
+            out[rank] = [(b.row_ids.tolist(), int(b.seq_offsets["history"][-1])) for b in loader]
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    natural = run()
+    assert len({len(b) for b in natural}) > 1  # without agreeing, the ranks' batch counts differ
+    agreed = run(_MaxOverThreads(world))
+    assert len({len(b) for b in agreed}) == 1
+    for rank in range(world):
+        assert len(agreed[rank]) == max(len(b) for b in natural)
+        assert all(ev <= budget or len(ids) == 1 for ids, ev in agreed[rank])
+        # Same rows per rank, same order inside each split batch's window.
+        assert sorted(i for ids, _ in agreed[rank] for i in ids) == sorted(i for ids, _ in natural[rank] for i in ids)
+    seen = [i for r in agreed for ids, _ in r for i in ids]
+    assert len(seen) == len(set(seen)) == local_store.rows

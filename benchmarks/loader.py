@@ -8,7 +8,8 @@ On `gem_medium` synthetic data (generated once into --data), one rank, all rows:
   the loader's own reader settings (`ingest.reader.LOCAL_READ_OPTIONS`: page checksums verified,
   no pre-buffering; record batches of --batch rows, the loader's decode chunk) at 1 thread and
   with Arrow's thread pool; and for reference without the checksum verification;
-- (b) `ingest.Loader` to `JaggedBatch` (no shuffle, and with the shuffle buffer) at 1 and 2 threads;
+- (b) `ingest.Loader` to `JaggedBatch` (no shuffle, and with the shuffle buffer) at 1 and 2 threads,
+  and inline (`num_threads=0`: reading, batching and conversion in the consuming thread);
 - (c) the naive padded baseline of the issue: a torch `Dataset` whose `__getitem__` returns one row,
   batched by a `DataLoader` whose `collate_fn` pads every history field to `[B, L]`, L = the batch's
   longest history or the schema's max_length. Two ways to get a row: (c1) the row as Python objects
@@ -209,6 +210,7 @@ def main() -> None:
         A1: lambda: raw_decode(files, cols, b, False),
         "(a) iter_batches, same settings, Arrow pool": lambda: raw_decode(files, cols, b, True),
         "(a) iter_batches, 1 thread, no checksum check": lambda: raw_decode(files, cols, b, False, verify=False),
+        "(b) Loader -> JaggedBatch, inline (0 threads)": lambda: ours(schema, str(data), b, 0, False),
         B1: lambda: ours(schema, str(data), b, 1, False),
         B2: lambda: ours(schema, str(data), b, 2, False),
         "(b) Loader, 1 thread, shuffle": lambda: ours(schema, str(data), b, 1, True),

@@ -67,6 +67,10 @@ def _as_column(t):
     """A [rows] (sharded) tensor as a [rows, 1] view: row-wise Adagrad's `sum` has that shape."""
     if t.dim() != 1:
         return t
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):  # 2D sparse (DMPCollection) states are DTensors over torchrec's shard wrapper
+        return _dtensor_as_column(t)
     if not hasattr(t, "local_shards"):
         return t.view(-1, 1)
     import copy
@@ -83,6 +87,22 @@ def _as_column(t):
     shards = [Shard(sh.tensor.view(-1, 1), col(sh.metadata)) for sh in t.local_shards()]
     # not collective: ranks own different tables, so they reach this for different tensors
     return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
+
+
+def _dtensor_as_column(t):
+    """`_as_column` of a row-sharded DTensor whose local part is a torchrec `LocalShardsWrapper`
+    (the layout torchrec gives row-wise optimizer state under DMPCollection)."""
+    from torch.distributed.tensor import DTensor
+    from torchrec.distributed.shards_wrapper import LocalShardsWrapper
+
+    local = t.to_local()
+    if isinstance(local, LocalShardsWrapper):
+        local = LocalShardsWrapper(local_shards=[s.view(-1, 1) for s in local.local_shards()],
+                                   local_offsets=[(int(o[0]), 0) for o in local.local_offsets()])
+    else:
+        local = local.view(-1, 1)
+    return DTensor.from_local(local, device_mesh=t.device_mesh, placements=t.placements,
+                              shape=torch.Size([t.size(0), 1]), stride=(1, 1), run_check=False)
 
 
 def with_aliases(optim_sd: dict, sparse_name: str, step: int) -> dict:

@@ -373,6 +373,46 @@ def check_ckpt_resume(info) -> dict:
     return {"rows": rows, "losses": losses, "sums": sums, "step": state["step"], "fused": fused}
 
 
+def check_ckpt_2d(info) -> dict:
+    """2D sparse (groups of 2, row-wise Adagrad tables): a DCP checkpoint after one step, loaded into a
+    fresh 2D model, continues exactly like the model that wrote it (tables, fused and dense optimizer state)."""
+    from train import dist_checkpoint as dckpt
+
+    schema = schema_with(ALL_VARIANTS["2d_row_wise"])
+    tasks = list(schema.label_names)
+
+    def build():
+        pz = par.parallelize(fresh_model(schema), schema, par.ParallelConfig(sharding_group_size=2), info.device,
+                             sparse_optim={"name": "rowwise_adagrad", "lr": 0.05}, batch_size=ROWS_PER_RANK,
+                             loss_tasks=tasks, log=lambda _m: None)
+        return pz, make_optimizer(pz)
+
+    def step(pz, opt, seed):
+        opt.zero_grad()
+        loss, _ = pz.model(local_batch(schema, ROWS_PER_RANK, seed, info.rank, info.world_size))
+        loss.backward()
+        opt.step()
+        pz.after_step()
+        return float(loss)
+
+    pz, opt = build()
+    step(pz, opt, 1)
+    path = dckpt.save(Path(os.environ["GEMTRAIN_TEST_OUT"]) / "run2d", 1, pz.model.state_dict(), opt.state_dict(),
+                      {"step": 1}, plan=pz.plan_dict, sparse_name="rowwise_adagrad")
+    pz2, opt2 = build()
+    opt2.init_state()
+    sd, osd = pz2.model.state_dict(), opt2.state_dict()
+    dckpt.load(path, sd, osd, sparse_name="rowwise_adagrad")
+    pz2.model.load_state_dict(sd)
+    opt2.load_state_dict(osd)
+    # two more steps on both: equal losses need equal tables and equal optimizer state
+    written = [step(pz, opt, s) for s in (2, 3)]
+    resumed = [step(pz2, opt2, s) for s in (2, 3)]
+    fresh_pz, fresh_opt = build()  # the control: without the checkpoint the losses differ
+    fresh = [step(fresh_pz, fresh_opt, s) for s in (2, 3)]
+    return {"written": written, "resumed": resumed, "fresh": fresh}
+
+
 def check_stuck_rank(info) -> dict:
     """The last rank stays alive but skips a collective: the others fail at the group's timeout."""
     import datetime
@@ -412,7 +452,7 @@ def check_dead_rank(info) -> dict:
         return {"raised": True, "seconds": time.perf_counter() - t0, "message": str(e)}
 
 
-CHECKS = {"sharded": check_sharded, "sharded_2d": check_sharded_2d, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
+CHECKS = {"sharded": check_sharded, "sharded_2d": check_sharded_2d, "ckpt_2d": check_ckpt_2d, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
           "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "stuck_rank": check_stuck_rank,
           "dead_rank": check_dead_rank}
 

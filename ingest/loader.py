@@ -27,6 +27,8 @@ held its rows are that much smaller, so every rank still yields the same number 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,9 +132,15 @@ class _Raised:
     error: BaseException
 
 
+@dataclass(frozen=True)
+class _End:
+    """The last item of an epoch's pipeline: the consumer stops on it at once, instead of waiting
+    for torchdata's thread pools to notice the end (their queues are polled every 0.1 s)."""
+
+
 def _catching(fn):
     def run(item):
-        if isinstance(item, _Raised):
+        if isinstance(item, (_Raised, _End)):
             return item
         try:
             return fn(item)
@@ -140,6 +148,18 @@ def _catching(fn):
             return _Raised(e)
 
     return run
+
+
+def _release_in_background(objs: list) -> None:
+    def drop() -> None:
+        objs.clear()
+
+    threading.Thread(target=drop, daemon=True, name="gemtrain-loader-release").start()
+
+
+def _ended(items):
+    yield from items
+    yield _End()
 
 
 def _tasks(slices: list[ReadSlice]) -> list[_Task]:
@@ -254,8 +274,10 @@ class Loader:
         read = tn.ParallelMapper(read, _catching(self._read), num_workers=t, in_order=True, method="thread") \
             if t else tn.Mapper(read, _catching(self._read))
         read.reset()
-        batches = self._stream(read) if streaming else self._assemble(read, plan, start_w, skip)
-        node: tn.BaseNode = tn.IterableWrapper(batches)
+        # Take exactly the tasks' results: waiting for the pool to signal its end costs a 0.1 s poll.
+        results = itertools.islice(read, len(tasks))
+        batches = self._stream(results) if streaming else self._assemble(results, plan, start_w, skip)
+        node: tn.BaseNode = tn.IterableWrapper(_ended(batches))
         node = tn.ParallelMapper(node, _catching(self._convert), num_workers=t, in_order=True,
                                  method="thread") if t else tn.Mapper(node, _catching(self._convert))
         if t and self.config.prefetch:
@@ -263,16 +285,26 @@ class Loader:
         if self.config.pin_memory and torch.cuda.is_available():
             node = tn.PinMemory(node)
         node.reset()
-        for item in node:
-            if isinstance(item, _Raised):
-                raise item.error
-            batch, info = item
-            self._advance(info)
-            self.stats.rows_read += batch.batch_size
-            self.stats.batches += 1
-            self.stats.padding += batch.stats
-            self.stats.events_truncated += sum(st.truncated_events for st in batch.stats.sequences.values())
-            yield batch
+        try:
+            for item in node:
+                if isinstance(item, _Raised):
+                    raise item.error
+                if isinstance(item, _End):
+                    break
+                batch, info = item
+                self._advance(info)
+                self.stats.rows_read += batch.batch_size
+                self.stats.batches += 1
+                self.stats.padding += batch.stats
+                self.stats.events_truncated += sum(st.truncated_events for st in batch.stats.sequences.values())
+                yield batch
+        finally:
+            if t:
+                # The thread pools join their threads when released (up to a 0.1 s poll each):
+                # release them in the background instead of in the consumer's next().
+                objs = [node, read, results, batches]
+                del node, read, results, batches  # the list holds the last references
+                _release_in_background(objs)
 
     def _advance(self, info: dict[str, Any]) -> None:
         if not self._token_mode:
@@ -316,7 +348,7 @@ class Loader:
         return batch, info
 
     # ---- windows and batches (one thread, in stream order) ----------------------------------------
-    def _assemble(self, read: tn.BaseNode, plan: EpochPlan, w: int, skip: int):
+    def _assemble(self, read: Iterator, plan: EpochPlan, w: int, skip: int):
         pending: list[tuple[pa.Table | None, int]] = []
         have = 0
         acc: Rows = []
@@ -346,7 +378,7 @@ class Loader:
         if acc_pos:
             yield acc, {"positions": acc_pos}
 
-    def _stream(self, read: tn.BaseNode):
+    def _stream(self, read: Iterator):
         """Batches of stream positions `[k * batch_size, (k + 1) * batch_size)`, cut as rows arrive."""
         bs = self.config.batch_size
         need = bs - self._pos % bs  # a resumed stream first completes the open batch

@@ -122,6 +122,11 @@ class LoggingConfig:
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = True  # scalars, when tensorboard is installed
     report: bool = True  # HTML run report at the end
+    # Every N steps (and at the end) time each dense block alone on the step's batch: local MFU, end-to-end
+    # MFU, their scaling ratio and a per-block breakdown ({"kind": "mfu"} in metrics.jsonl). 0: off.
+    local_mfu_every: int = 0
+    # The device's dense bf16 peak in TFLOP/s for MFU; null: the datasheet table (none known on CPU).
+    peak_tflops: float | None = None
 
 
 @dataclass
@@ -408,6 +413,9 @@ def _validate(cfg: RunConfig) -> None:
         (cfg.optim.sparse.name in ("rowwise_adagrad", "adam"), "optim.sparse.name",
          "must be one of rowwise_adagrad, adam"),
         (cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be >= 1"),
+        (cfg.logging.local_mfu_every >= 0, "logging.local_mfu_every", "must be >= 0 (0: off)"),
+        (cfg.logging.peak_tflops is None or cfg.logging.peak_tflops > 0, "logging.peak_tflops",
+         "must be > 0 (or null: the datasheet table)"),
         (bool(cfg.schema), "schema", "is required: the feature schema file"),
         (bool(cfg.data.train_url), "data.train_url", "is required"),
     ]

@@ -4,7 +4,11 @@ Three figures, as GEM reports them:
 - **local MFU**: each block timed alone (forward + backward, no recompute, no communication),
   FLOPs of all blocks over the sum of their times;
 - **end-to-end MFU**: the whole step's FLOPs over the whole step's time;
-- **scaling ratio**: end-to-end over local (what the data path, the glue and communication cost).
+- **scaling ratio**: end-to-end over local (what the data path, the glue and communication cost);
+  a ratio of two achieved rates, so it needs no peak.
+
+`measure_step_in_place` takes these figures inside a training run (the trainer's
+`logging.local_mfu_every`) without changing the run: RNG, gradients and buffers are restored.
 
 FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: matmuls and every custom op that
 registers a formula (the jagged attention kernels do); embeddings and elementwise ops count 0,
@@ -17,6 +21,7 @@ import importlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -129,16 +134,21 @@ class MFUReport:
         return self.achieved_flops / self.peak_flops if self.peak_flops else None
 
     @property
-    def local_mfu(self) -> float | None:
+    def local_achieved_flops(self) -> float | None:
+        """FLOP/s of the blocks timed alone: all their FLOPs over the sum of their times."""
         total_t = sum(layer.seconds for layer in self.layers)
-        if not self.peak_flops or total_t <= 0:
-            return None
-        return sum(layer.flops for layer in self.layers) / total_t / self.peak_flops
+        return sum(layer.flops for layer in self.layers) / total_t if total_t > 0 else None
+
+    @property
+    def local_mfu(self) -> float | None:
+        local = self.local_achieved_flops
+        return local / self.peak_flops if self.peak_flops and local is not None else None
 
     @property
     def scaling_ratio(self) -> float | None:
-        local, e2e = self.local_mfu, self.end_to_end_mfu
-        return e2e / local if local and e2e is not None else None
+        """End-to-end over local (= end-to-end MFU over local MFU, but needs no peak)."""
+        local = self.local_achieved_flops
+        return self.achieved_flops / local if local else None
 
     def to_dict(self) -> dict:
         return {
@@ -236,3 +246,94 @@ def mfu_report(step_flops: int, step_seconds: float, layers: Iterable[LayerMFU] 
                device: torch.device | str | None = None, peak_override_tflops: float | None = None) -> MFUReport:
     return MFUReport(step_flops=step_flops, step_seconds=step_seconds,
                      peak_flops=device_peak_flops(device, peak_override_tflops), layers=list(layers))
+
+
+def dense_blocks(model: nn.Module, prefix: str = "") -> dict[str, nn.Module]:
+    """The blocks timed alone for local MFU, by qualified name: the model's top-level trainable modules, with
+    containers (ModuleDict/ModuleList) and layer stacks (a `layers` ModuleList) opened; embeddings excluded."""
+    out: dict[str, nn.Module] = {}
+    for name, mod in model.named_children():
+        full = f"{prefix}{name}"
+        if name == "embeddings" or not any(p.requires_grad for p in mod.parameters()):
+            continue
+        if isinstance(mod, nn.ModuleDict | nn.ModuleList):
+            out.update(dense_blocks(mod, prefix=f"{full}."))
+        elif isinstance(getattr(mod, "layers", None), nn.ModuleList):
+            out.update({f"{full}.layers.{i}": layer for i, layer in enumerate(mod.layers)})
+        else:
+            out[full] = mod
+    return out
+
+
+def measure_step_in_place(model: nn.Module, loss_fn: Callable[[], torch.Tensor], device: torch.device, *,
+                          blocks: dict[str, nn.Module] | None = None, autocast_dtype: torch.dtype | None = None,
+                          warmup: int = 1, repeat: int = 3) -> tuple[int, list[LayerMFU]]:
+    """(FLOPs of one training step, each block timed alone) for the batch `loss_fn` computes the loss of.
+
+    Runs inside a training run without changing it: the random streams (dropout), every parameter's
+    gradient and every buffer are restored afterwards, and no module's train/eval mode is touched.
+    """
+    blocks = dense_blocks(model) if blocks is None else blocks
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            for p in params:
+                p.grad = None
+            step_flops, _ = count_flops(lambda: loss_fn().backward())
+            for p in params:
+                p.grad = None
+            inputs = capture_block_inputs(model, blocks, loss_fn)
+            layers = measure_local(blocks, inputs, device, warmup=warmup, repeat=repeat,
+                                   autocast_dtype=autocast_dtype)
+            del inputs
+    finally:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    return step_flops, layers
+
+
+def mfu_record(step: int, step_flops: int, step_events: int, window_seconds: float, window_steps: int,
+               window_events: int, layers: list[LayerMFU], peak_flops: float | None) -> dict[str, Any]:
+    """The trainer's `{"kind": "mfu"}` record. End-to-end: the counted step's FLOPs per real event times the
+    events of the window since the last record, over the window's wall time (data wait included); local: the
+    blocks' FLOPs over their summed times alone. MFU fields are None where no peak is known."""
+    achieved = step_flops / max(1, step_events) * window_events / window_seconds if window_seconds > 0 else 0.0
+    report = MFUReport(step_flops=step_flops, step_seconds=step_flops / achieved if achieved > 0 else 0.0,
+                       peak_flops=peak_flops, layers=layers)
+    local = report.local_achieved_flops
+    return {
+        "kind": "mfu", "step": step, "step_flops": step_flops, "step_events": step_events,
+        "window_steps": window_steps, "step_ms": window_seconds / max(1, window_steps) * 1e3,
+        "e2e_tflops_per_s": achieved / 1e12, "local_tflops_per_s": local / 1e12 if local is not None else None,
+        "peak_tflops": peak_flops / 1e12 if peak_flops else None,
+        "local_mfu": report.local_mfu, "e2e_mfu": report.end_to_end_mfu if achieved > 0 else None,
+        "scaling_ratio": report.scaling_ratio if achieved > 0 else None,
+        "layers": [{"name": x.name, "flops": x.flops, "ms": x.seconds * 1e3, "tflops_per_s": x.tflops_per_s,
+                    "mfu": x.flops / x.seconds / peak_flops if peak_flops and x.seconds > 0 else None}
+                   for x in layers],
+    }
+
+
+def mfu_line(rec: dict[str, Any]) -> str:
+    """One printable line of an mfu record: local / end-to-end / scaling ratio."""
+    def rate(tflops: float | None, mfu: float | None) -> str:
+        s = f"{tflops:.4g} TFLOP/s" if tflops is not None else "n/a"
+        return s + (f" (MFU {100 * mfu:.1f}%)" if mfu is not None else "")
+
+    ratio = rec["scaling_ratio"]
+    line = (f"mfu @ step {rec['step']}: local {rate(rec['local_tflops_per_s'], rec['local_mfu'])} / "
+            f"end-to-end {rate(rec['e2e_tflops_per_s'], rec['e2e_mfu'])} / scaling ratio "
+            + (f"{ratio:.2f}" if ratio is not None else "n/a") + f" ({len(rec['layers'])} blocks")
+    if rec["layers"]:
+        slow = max(rec["layers"], key=lambda x: x["ms"])
+        total = sum(x["ms"] for x in rec["layers"])
+        line += f"; slowest alone: {slow['name']}, {100 * slow['ms'] / total:.0f}% of their time"
+    if rec["peak_tflops"] is None:
+        line += "; no peak known for this device: set logging.peak_tflops for MFU"
+    return line + ")"

@@ -1,8 +1,9 @@
 """The HTML run report: one self-contained file (plots embedded as PNG) written at the end of a run.
 
 Curves of the training loss, NE and AUC per task (train windows and held-out evaluations),
-throughput (examples/s and events/s), and the padding savings of the batches seen: how much of
-a padded layout would have been padding, and how much attention work padding would have added.
+throughput (examples/s and events/s), the padding savings of the batches seen: how much of
+a padded layout would have been padding, and how much attention work padding would have added, and
+(with `logging.local_mfu_every`) the last MFU measurement: local / end-to-end MFU, scaling ratio, per block.
 
 ``compare_runs`` puts the held-out metrics of finished runs side by side (each run's ``summary.json``),
 the first run as the baseline; ``python -m train.run_report RUN_A RUN_B [--out FILE.html]`` prints that
@@ -95,6 +96,31 @@ def _table(rows: list[list[Any]], head: list[str]) -> str:
     return f"<table><tr>{h}</tr>{b}</table>"
 
 
+def _mfu_section(rec: dict) -> list[str]:
+    """The last `{"kind": "mfu"}` record: the local / end-to-end / scaling-ratio line and the per-block table."""
+    def rate(tflops: Any, mfu: Any) -> str:
+        s = f"{tflops:.4g} TFLOP/s" if isinstance(tflops, int | float) else "n/a"
+        return s + (f" (MFU {100 * mfu:.1f}%)" if isinstance(mfu, int | float) else "")
+
+    ratio = rec.get("scaling_ratio")
+    peak = rec.get("peak_tflops")
+    parts = ["<h2>MFU</h2>",
+             f"<p>At step {_fmt(rec.get('step'))}: local {rate(rec.get('local_tflops_per_s'), rec.get('local_mfu'))}"
+             f" / end-to-end {rate(rec.get('e2e_tflops_per_s'), rec.get('e2e_mfu'))} / scaling ratio "
+             + (f"{ratio:.2f}" if isinstance(ratio, int | float) else "n/a")
+             + (f"; peak {peak:g} TFLOP/s" if peak else "; no peak known for this device (logging.peak_tflops)")
+             + ".</p>"]
+    rows = [[x["name"], f"{x['flops'] / 1e9:.4g}", f"{x['ms']:.3f}", f"{x['tflops_per_s']:.4g}",
+             f"{100 * x['mfu']:.1f}%" if isinstance(x.get("mfu"), int | float) else "n/a"]
+            for x in rec.get("layers", [])]
+    parts.append(_table(rows, ["block", "GFLOP (fwd + bwd)", "ms alone", "TFLOP/s", "MFU"]))
+    parts.append("<p>Local: each dense block timed alone (forward + backward, no recompute, no communication) on "
+                 "the inputs it saw in that step; end-to-end: the step's counted FLOPs over the wall time of the "
+                 "steps since the previous measurement (data wait included); scaling ratio = end-to-end / local."
+                 "</p>")
+    return parts
+
+
 def write_report(run_dir: str | Path, history: list[dict], summary: dict) -> Path:
     run_dir = Path(run_dir)
     eval_ = summary.get("eval") or {}
@@ -126,6 +152,9 @@ def write_report(run_dir: str | Path, history: list[dict], summary: dict) -> Pat
         if summary.get("padding_report"):
             parts.append('<p>The full padding report of these batches: '
                          '<a href="padding_report.html">padding_report.html</a>.</p>')
+    mfu = summary.get("mfu") or next((r for r in reversed(history) if r.get("kind") == "mfu"), None)
+    if mfu:
+        parts += _mfu_section(mfu)
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}th{background:#eee}")
     doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>gemtrain {html.escape(str(summary.get('name')))}"

@@ -15,6 +15,10 @@
   counted; training stops with an error after `train.nan_guard_max` of them.
 - Outputs in the run dir: metrics.jsonl (one JSON per logged step / evaluation), summary.json,
   checkpoints/, tb/ (TensorBoard, if installed), report.html.
+- `logging.local_mfu_every: N`: at every N-th step (and the last) the step's batch is also run through each
+  dense block alone (train/mfu.py): an `{"kind": "mfu"}` record with local and end-to-end MFU, the
+  scaling ratio and a per-block breakdown, and one printed line. The measurement leaves the run unchanged
+  (RNG, gradients, buffers restored) and its time is left out of the throughput figures.
 """
 
 from __future__ import annotations
@@ -122,6 +126,15 @@ class _Window:
     task_loss_sum: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _MFUWindow:
+    """Wall time (data wait + step) and the step/event counters at the start of an MFU window."""
+
+    seconds: float = 0.0
+    step0: int = 0
+    events0: int = 0
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  model: nn.Module | None = None, quiet: bool = False):
@@ -159,6 +172,8 @@ class Trainer:
         self.loader_state: Any = None
         self._tb = None
         self._history: list[dict] = []
+        self._mfu_win = _MFUWindow()
+        self._mfu_last_step = -1
 
     # ---- set-up -------------------------------------------------------------------------------
     def _apply_precision(self, cfg: RunConfig):
@@ -296,6 +311,9 @@ class Trainer:
         if is_distributed():  # sharded / data-parallel training: train/dist_trainer.py
             from train.dist_trainer import fit_distributed
 
+            if self.cfg.logging.local_mfu_every:  # its blocks run collectives: they cannot be timed alone
+                self.log("logging.local_mfu_every: not measured in a distributed run (the sharded blocks run "
+                         "collectives); measure local MFU on a single-process run")
             return fit_distributed(self)
         c = self.cfg
         t_start, cpu_start = time.perf_counter(), time.process_time()
@@ -326,14 +344,18 @@ class Trainer:
         pbar = self._progress(total)
         last_eval: dict | None = None
         self.model.train()
+        self._mfu_win = _MFUWindow(step0=self.step, events0=self.events_seen)
+        batch = None
         try:
             while self.step < total:
+                t_iter = time.perf_counter()
                 item = pf.next()
                 if item is None:
                     self.log(f"the training data ran out after {self.step} steps (data.epochs={c.data.epochs})")
                     break
                 batch, lstate = item
                 self._train_step(batch, pf, train_metrics, win)
+                self._mfu_win.seconds += time.perf_counter() - t_iter
                 if lstate is not None:
                     self.loader_state = lstate
                 if self.step % c.train.log_every == 0 or self.step == total:
@@ -344,6 +366,11 @@ class Trainer:
                         pbar.set_postfix_str(self._postfix(rec), refresh=False)
                 if pbar is not None:
                     pbar.update(1)
+                mfu_every = c.logging.local_mfu_every
+                if mfu_every and (self.step % mfu_every == 0 or self.step == total):
+                    t = time.perf_counter()
+                    self._measure_mfu(batch)
+                    win.t0 += time.perf_counter() - t
                 if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < total and c.data.eval_url:
                     t = time.perf_counter()
                     last_eval = self._eval_and_log()
@@ -355,6 +382,8 @@ class Trainer:
         finally:
             if pbar is not None:
                 pbar.close()
+        if c.logging.local_mfu_every and batch is not None and self._mfu_last_step != self.step:
+            self._measure_mfu(batch)  # the data ran out before train.steps
         if c.eval.at_end and c.data.eval_url:
             last_eval = self._eval_and_log()
         summary = self._summary(last_eval, time.perf_counter() - t_start)
@@ -443,7 +472,7 @@ class Trainer:
 
         per_event = 3 * count(batch)["total"] / max(1, real_events(batch))  # forward + backward = 3x forward
         achieved = per_event * events / seconds
-        peak = device_peak_flops(self.device)
+        peak = device_peak_flops(self.device, self.cfg.logging.peak_tflops)
         return achieved / 1e12, (achieved / peak if peak else None)
 
     def _log_train(self, win: _Window, metrics: TaskMetrics, batch: JaggedBatch | None = None) -> dict:
@@ -472,6 +501,24 @@ class Trainer:
             rec[f"padding_share/{name}"] = seq.padding_waste_batch_max
             rec[f"attn_padded_over_jagged/{name}"] = seq.attn_saving_batch_max
         self._emit(rec)
+        return rec
+
+    def _measure_mfu(self, batch: JaggedBatch) -> dict:
+        """Local MFU of the step just taken (each dense block alone on this batch's inputs), end-to-end MFU of
+        the steps since the last measurement, the scaling ratio: one `mfu` record and one printed line."""
+        from train.mfu import device_peak_flops, measure_step_in_place, mfu_line, mfu_record
+
+        step_flops, layers = measure_step_in_place(
+            self.model, lambda: self._forward_loss(batch)[0], self.device,
+            autocast_dtype=torch.bfloat16 if self.autocast else None)
+        w = self._mfu_win
+        rec = mfu_record(self.step, step_flops, real_events(batch), w.seconds, self.step - w.step0,
+                         self.events_seen - w.events0, layers,
+                         device_peak_flops(self.device, self.cfg.logging.peak_tflops))
+        self._emit(rec)
+        self.log(mfu_line(rec))
+        self._mfu_win = _MFUWindow(step0=self.step, events0=self.events_seen)
+        self._mfu_last_step = self.step
         return rec
 
     def _postfix(self, rec: dict) -> str:
@@ -541,6 +588,7 @@ class Trainer:
 
     def _summary(self, last_eval: dict | None, wall: float) -> dict:
         last_train = next((r for r in reversed(self._history) if r.get("kind") == "train"), {})
+        last_mfu = next((r for r in reversed(self._history) if r.get("kind") == "mfu"), None)
         return {
             "name": self.cfg.name,
             "run_dir": str(self.run_dir),
@@ -559,4 +607,5 @@ class Trainer:
             "eval_rows": last_eval["rows"] if last_eval else 0,
             "train_last": {k: v for k, v in last_train.items() if k != "kind"},
             "padding": self.padding.to_dict(),
+            "mfu": last_mfu,
         }

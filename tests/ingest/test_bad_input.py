@@ -155,8 +155,8 @@ def test_transient_errors_are_retried(demo_schema, tmp_path, monkeypatch):
         _run(demo_schema, root)
 
 
-@pytest.mark.parametrize("token_budget", [None, 3000])
-def test_quarantined_row_group_mid_epoch_across_ranks(demo_schema, tmp_path, token_budget):
+@pytest.mark.parametrize("token_budget,shuffle", [(None, True), (3000, True), (None, False)])
+def test_quarantined_row_group_mid_epoch_across_ranks(demo_schema, tmp_path, token_budget, shuffle):
     root = _dataset(demo_schema, tmp_path / "data")
     path = root / "part-00000.parquet"
     md = pq.read_metadata(path)
@@ -167,8 +167,8 @@ def test_quarantined_row_group_mid_epoch_across_ranks(demo_schema, tmp_path, tok
     path.write_bytes(bytes(data))
     seen, counts, lost = [], [], 0
     for rank in range(2):
-        loader = Loader(demo_schema, _cfg(root, on_bad_file="quarantine", token_budget=token_budget),
-                        rank=rank, world_size=2)
+        loader = Loader(demo_schema, _cfg(root, on_bad_file="quarantine", token_budget=token_budget,
+                                          shuffle=shuffle), rank=rank, world_size=2)
         out = [b.row_ids.tolist() for b in loader]
         counts.append(len(out))
         seen += [i for b in out for i in b]

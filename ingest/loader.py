@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -151,6 +152,12 @@ def _catching(fn):
 
 
 def _release_in_background(objs: list) -> None:
+    # At interpreter exit (a loader abandoned mid-epoch is closed then) no new thread may start:
+    # release in place, or the exit waits forever on the pools' threads.
+    if sys.is_finalizing() or not threading.main_thread().is_alive():
+        objs.clear()
+        return
+
     def drop() -> None:
         objs.clear()
 

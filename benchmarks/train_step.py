@@ -56,7 +56,7 @@ from model import build_model  # noqa: E402
 from model.losses import multitask_loss  # noqa: E402
 from train.config import run_config_from_dict  # noqa: E402
 from train.data import DevicePrefetcher, real_events  # noqa: E402
-from train.mfu import capture_block_inputs, count_flops, measure_local, mfu_report  # noqa: E402
+from train.mfu import capture_block_inputs, count_flops, dense_blocks, measure_local, mfu_report  # noqa: E402
 from train.trainer import build_optimizer  # noqa: E402
 
 GEM_MEDIUM_MODEL = {
@@ -136,23 +136,6 @@ class PhaseTimer:
             out[name] = a.elapsed_time(b) / 1e3 if self.device.type == "cuda" else b - a
         self.marks.clear()
         return out
-
-
-def timed_blocks(model: torch.nn.Module, prefix: str = "") -> dict[str, torch.nn.Module]:
-    """The dense blocks timed alone for local MFU: top-level modules, with containers
-    (ModuleDict/ModuleList) and layer stacks (a `layers` ModuleList) opened one level; embeddings excluded."""
-    out: dict[str, torch.nn.Module] = {}
-    for name, mod in model.named_children():
-        full = f"{prefix}{name}"
-        if name == "embeddings" or not any(p.requires_grad for p in mod.parameters()):
-            continue
-        if isinstance(mod, torch.nn.ModuleDict | torch.nn.ModuleList):
-            out.update(timed_blocks(mod, prefix=f"{full}."))
-        elif isinstance(getattr(mod, "layers", None), torch.nn.ModuleList):
-            out.update({f"{full}.layers.{i}": layer for i, layer in enumerate(mod.layers)})
-        else:
-            out[full] = mod
-    return out
 
 
 class EncoderCheckpointing:
@@ -309,7 +292,7 @@ def run_variant(name: str, schema, model_dict: dict, url: str, args, device: tor
         useful_per_event[v.shape] = 3 * model.forward_flops(batch)["total"] / max(1, real_events(batch))
     layers = []
     if v.plain and name in args.local.split(","):
-        blocks = timed_blocks(model)
+        blocks = dense_blocks(model)
         inputs = capture_block_inputs(model, blocks, lambda: loss_of(model, batch, autocast))
         layers = measure_local(blocks, inputs, device, warmup=1, repeat=3, autocast_dtype=autocast)
         del inputs

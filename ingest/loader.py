@@ -26,10 +26,11 @@ held its rows are that much smaller, so every rank still yields the same number 
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
-import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,10 +152,23 @@ def _catching(fn):
     return run
 
 
+# Epoch streams not yet finished. A stream abandoned mid-epoch (a trainer that reached its step count)
+# still has pool threads inside pyarrow; left running into interpreter teardown they abort the process
+# ("terminate called without an active exception"), so exit closes every live stream first.
+_LIVE_STREAMS: weakref.WeakSet = weakref.WeakSet()
+_EXITING = False
+
+
+@atexit.register
+def _close_live_streams() -> None:
+    global _EXITING
+    _EXITING = True
+    for stream in list(_LIVE_STREAMS):
+        stream.close()
+
+
 def _release_in_background(objs: list) -> None:
-    # At interpreter exit (a loader abandoned mid-epoch is closed then) no new thread may start:
-    # release in place, or the exit waits forever on the pools' threads.
-    if sys.is_finalizing() or not threading.main_thread().is_alive():
+    if _EXITING:  # no new thread at exit: release in place, which joins the pools' threads
         objs.clear()
         return
 
@@ -261,7 +275,9 @@ class Loader:
         while epochs is None or self._epoch < epochs:
             if self._plan is None:
                 self._start_plan(self._make_plan(self._epoch, None, self.world_size, 0))
-            yield from self._run_plan(self._plan)
+            stream = self._run_plan(self._plan)
+            _LIVE_STREAMS.add(stream)
+            yield from stream
             self._epoch += 1
             self._plan = None
             self._pos, self._tw, self._tlocal, self._tbatches = 0, 0, [], 0

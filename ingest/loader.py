@@ -26,11 +26,8 @@ held its rows are that much smaller, so every rank still yields the same number 
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import itertools
-import threading
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +45,7 @@ from ingest.convert import Rows, table_to_batch
 from ingest.errors import BadFileError, DataError
 from ingest.id_stats import id_leaves
 from ingest.listing import FileRef, list_files
+from ingest.pipeline import LIVE_STREAMS, End, Raised, catching, distributed_max, ended, release_in_background
 from ingest.plan import REMAINDER_POLICIES, EpochPlan, ReadSlice, fresh_pieces
 from ingest.reader import RetryPolicy, read_footers, read_row_group
 from ingest.stats import LoaderStats, QuarantineRecord
@@ -123,66 +121,6 @@ class _Task:
         return sum(s.rows for s in self.slices)
 
 
-@dataclass(frozen=True)
-class _Raised:
-    """An exception from a pipeline thread, carried to the consumer and raised there as itself.
-
-    (torchdata re-raises worker exceptions by type and message, which fails for exceptions with
-    keyword constructors; carrying the object keeps the original type, fields and message.)
-    """
-
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class _End:
-    """The last item of an epoch's pipeline: the consumer stops on it at once, instead of waiting
-    for torchdata's thread pools to notice the end (their queues are polled every 0.1 s)."""
-
-
-def _catching(fn):
-    def run(item):
-        if isinstance(item, (_Raised, _End)):
-            return item
-        try:
-            return fn(item)
-        except Exception as e:  # noqa: BLE001 - re-raised unchanged in the consumer
-            return _Raised(e)
-
-    return run
-
-
-# Epoch streams not yet finished. A stream abandoned mid-epoch (a trainer that reached its step count)
-# still has pool threads inside pyarrow; left running into interpreter teardown they abort the process
-# ("terminate called without an active exception"), so exit closes every live stream first.
-_LIVE_STREAMS: weakref.WeakSet = weakref.WeakSet()
-_EXITING = False
-
-
-@atexit.register
-def _close_live_streams() -> None:
-    global _EXITING
-    _EXITING = True
-    for stream in list(_LIVE_STREAMS):
-        stream.close()
-
-
-def _release_in_background(objs: list) -> None:
-    if _EXITING:  # no new thread at exit: release in place, which joins the pools' threads
-        objs.clear()
-        return
-
-    def drop() -> None:
-        objs.clear()
-
-    threading.Thread(target=drop, daemon=True, name="gemtrain-loader-release").start()
-
-
-def _ended(items):
-    yield from items
-    yield _End()
-
-
 def _tasks(slices: list[ReadSlice]) -> list[_Task]:
     out: list[_Task] = []
     run: list[ReadSlice] = []
@@ -211,7 +149,7 @@ class Loader:
         self.schema, self.config, self.rank, self.world_size = schema, config, rank, world_size
         self._agree = agree_batches
         if self._agree is None and config.token_budget is not None and world_size > 1:
-            self._agree = _distributed_max(world_size)
+            self._agree = distributed_max(world_size)
         self.stats = LoaderStats()
         self._columns = schema.column_names()
         self._policy = RetryPolicy(attempts=config.retries)
@@ -276,7 +214,7 @@ class Loader:
             if self._plan is None:
                 self._start_plan(self._make_plan(self._epoch, None, self.world_size, 0))
             stream = self._run_plan(self._plan)
-            _LIVE_STREAMS.add(stream)
+            LIVE_STREAMS.add(stream)
             yield from stream
             self._epoch += 1
             self._plan = None
@@ -294,15 +232,15 @@ class Loader:
         tasks = _tasks(plan.slices(self.rank, self._pos if streaming else start_w * s))
         t = self.config.num_threads
         read: tn.BaseNode = tn.IterableWrapper(tasks)
-        read = tn.ParallelMapper(read, _catching(self._read), num_workers=t, in_order=True, method="thread") \
-            if t else tn.Mapper(read, _catching(self._read))
+        read = tn.ParallelMapper(read, catching(self._read), num_workers=t, in_order=True, method="thread") \
+            if t else tn.Mapper(read, catching(self._read))
         read.reset()
         # Take exactly the tasks' results: waiting for the pool to signal its end costs a 0.1 s poll.
         results = itertools.islice(read, len(tasks))
         batches = self._stream(results) if streaming else self._assemble(results, plan, start_w, skip)
-        node: tn.BaseNode = tn.IterableWrapper(_ended(batches))
-        node = tn.ParallelMapper(node, _catching(self._convert), num_workers=t, in_order=True,
-                                 method="thread") if t else tn.Mapper(node, _catching(self._convert))
+        node: tn.BaseNode = tn.IterableWrapper(ended(batches))
+        node = tn.ParallelMapper(node, catching(self._convert), num_workers=t, in_order=True,
+                                 method="thread") if t else tn.Mapper(node, catching(self._convert))
         if t and self.config.prefetch:
             node = tn.Prefetcher(node, prefetch_factor=self.config.prefetch)
         if self.config.pin_memory and torch.cuda.is_available():
@@ -310,9 +248,9 @@ class Loader:
         node.reset()
         try:
             for item in node:
-                if isinstance(item, _Raised):
+                if isinstance(item, Raised):
                     raise item.error
-                if isinstance(item, _End):
+                if isinstance(item, End):
                     break
                 batch, info = item
                 self._advance(info)
@@ -327,7 +265,7 @@ class Loader:
                 # release them in the background instead of in the consumer's next().
                 objs = [node, read, results, batches]
                 del node, read, results, batches  # the list holds the last references
-                _release_in_background(objs)
+                release_in_background(objs)
 
     def _advance(self, info: dict[str, Any]) -> None:
         if not self._token_mode:
@@ -377,7 +315,7 @@ class Loader:
         acc: Rows = []
         acc_pos = 0
         for item in read:
-            if isinstance(item, _Raised):
+            if isinstance(item, Raised):
                 yield item
                 return
             task, table = item
@@ -408,7 +346,7 @@ class Loader:
         pending: list[tuple[pa.Table | None, int]] = []
         have = 0
         for item in read:
-            if isinstance(item, _Raised):
+            if isinstance(item, Raised):
                 yield item
                 return
             task, table = item
@@ -562,22 +500,6 @@ def merge_state_dicts(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def _distributed_max(world_size: int) -> Callable[[int], int] | None:
-    """All-reduce (MAX) of an int over a gloo group of its own: the loader calls it from its pipeline
-    thread, which must not share a communicator with the training step's collectives."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world_size:
-        return None
-    group = dist.new_group(backend="gloo")
-
-    def agree(n: int) -> int:
-        t = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return int(t.item())
-
-    return agree
 
 
 def _nonfinite_dense(batch: JaggedBatch, schema: FeatureSchema, policy: str, stats: LoaderStats) -> None:

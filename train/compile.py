@@ -20,7 +20,7 @@ from torch import nn
 from model.layers import MLP
 
 
-def dense_blocks(model: nn.Module) -> dict[str, nn.Module]:
+def compilable_blocks(model: nn.Module) -> dict[str, nn.Module]:
     """The blocks `compile_dense_blocks` compiles, by qualified name (outermost only, no nesting)."""
     from model.gem import Head, TopBlock
     from model.interaction import Interaction
@@ -39,7 +39,20 @@ def dense_blocks(model: nn.Module) -> dict[str, nn.Module]:
 
 def compile_dense_blocks(model: nn.Module, *, backend: str = "inductor") -> list[str]:
     """Compiles the dense blocks of `model` in place (dynamic shapes); returns their names."""
-    blocks = dense_blocks(model)
+    blocks = compilable_blocks(model)
     for mod in blocks.values():
         mod.compile(backend=backend, dynamic=True)
     return list(blocks)
+
+
+def compile_for_run(model: nn.Module, enabled: bool, distributed: bool, log) -> list[str]:
+    """`train.compile` in the trainer: the names compiled (after the precision policy swapped layers)."""
+    if not enabled:
+        return []
+    if distributed:  # FSDP2/DMP wrap the blocks after this; compiling under them is not covered yet
+        log("train.compile: ignored in a distributed run (the dense blocks stay eager)")
+        return []
+    names = compile_dense_blocks(model)
+    log(f"train.compile: {len(names)} dense blocks compiled with dynamic shapes (attention and "
+        "embeddings stay eager)")
+    return names

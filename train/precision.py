@@ -217,3 +217,22 @@ def _set_attention_kernels(model: nn.Module, policy: PrecisionPolicy, kinds: dic
             chosen = "bf16"
         setattr(mod, ATTENTION_PRECISION_ATTR, chosen)
         report.attention[name] = chosen
+
+
+def apply_config_policy(model: nn.Module, section: dict[str, Any], source: str, log) -> PolicyReport | None:
+    """The run config's `precision:` section applied to `model` (before the optimizer is built)."""
+    from features.errors import GemtrainError
+
+    if not section:
+        return None
+    # `--precision.emulate=true` on the command line arrives as a string
+    raw = {k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v for k, v in section.items()}
+    try:
+        report = apply_precision_policy(model, PrecisionPolicy.from_dict(raw))
+    except PrecisionPolicyError as e:
+        raise GemtrainError(f"{source}: precision: {e}") from None
+    recipes = sorted(set(report.converted.values()))
+    fp8_attn = sum(v == "fp8" for v in report.attention.values())
+    log(f"precision policy: {len(report.converted)} linear layers in {', '.join(recipes) or 'no FP8 recipe'}, "
+        f"{len(report.kept)} kept in high precision, FP8 attention in {fp8_attn} attention blocks")
+    return report

@@ -40,10 +40,12 @@ from features.schema import FeatureSchema, load_schema
 from ingest.batch import JaggedBatch, PaddingStats
 from train import checkpoint as ckpt
 from train import ledger
+from train.compile import compile_for_run
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
 from train.distributed import is_distributed
 from train.metrics import TaskMetrics
+from train.precision import apply_config_policy
 
 
 class TrainingStopped(GemtrainError):
@@ -159,8 +161,8 @@ class Trainer:
 
             model = build_model(self.schema, cfg.model, device=self.device)
         self.model = model.to(self.device)
-        self.precision_report = self._apply_precision(cfg)
-        self.compiled_blocks = self._compile(cfg)
+        self.precision_report = apply_config_policy(self.model, cfg.precision, cfg.source, self.log)
+        self.compiled_blocks = compile_for_run(self.model, cfg.train.compile, is_distributed(), self.log)
         self.optimizer, self.dense_opt, self.dense_params, self.sparse_params = build_optimizer(self.model, cfg)
         self.autocast = self.device.type == "cuda" and cfg.train.bf16
         self.step = 0
@@ -176,40 +178,6 @@ class Trainer:
         self._mfu_last_step = -1
 
     # ---- set-up -------------------------------------------------------------------------------
-    def _apply_precision(self, cfg: RunConfig):
-        """FP8 linear layers / attention per the `precision:` section (before the optimizer is built)."""
-        if not cfg.precision:
-            return None
-        from train.precision import PrecisionPolicy, PrecisionPolicyError, apply_precision_policy
-
-        # `--precision.emulate=true` on the command line arrives as a string
-        raw = {k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
-               for k, v in cfg.precision.items()}
-        try:
-            policy = PrecisionPolicy.from_dict(raw)
-            report = apply_precision_policy(self.model, policy)
-        except PrecisionPolicyError as e:
-            raise GemtrainError(f"{cfg.source}: precision: {e}") from None
-        recipes = sorted(set(report.converted.values()))
-        fp8_attn = sum(v == "fp8" for v in report.attention.values())
-        self.log(f"precision policy: {len(report.converted)} linear layers in {', '.join(recipes) or 'no FP8 recipe'}, "
-                 f"{len(report.kept)} kept in high precision, FP8 attention in {fp8_attn} attention blocks")
-        return report
-
-    def _compile(self, cfg: RunConfig) -> list[str]:
-        """`train.compile`: compiles the dense blocks in place (after the precision policy swapped its layers)."""
-        if not cfg.train.compile:
-            return []
-        if is_distributed():  # FSDP2/DMP wrap the blocks after this; compiling under them is not covered yet
-            self.log("train.compile: ignored in a distributed run (the dense blocks stay eager)")
-            return []
-        from train.compile import compile_dense_blocks
-
-        names = compile_dense_blocks(self.model)
-        self.log(f"train.compile: {len(names)} dense blocks compiled with dynamic shapes (attention and "
-                 "embeddings stay eager)")
-        return names
-
     @staticmethod
     def _seed(seed: int) -> None:
         torch.manual_seed(seed)

@@ -10,10 +10,11 @@ import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
 
+from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_spec import RelativeBias
 from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
-from kernels.attention_triton_common import ACT_CODES, INTERPRET
+from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
 
 Tensor = torch.Tensor
@@ -44,9 +45,10 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     return torch.stack([row, tile], dim=1).to(torch.int32).contiguous(), n_items
 
 
-def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int) -> dict:
+def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, *streamed: Tensor) -> dict:
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
+    tma = common.use_tma([q, k, *streamed], d, block_d)
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:
@@ -58,7 +60,9 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int) 
             tile_q = min(tile_q, max(16, triton.next_power_of_2(block_size)))
             tile_kv = min(tile_kv, max(16, triton.next_power_of_2(block_size)))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    return dict(block_d=block_d, tile_q=tile_q, tile_kv=tile_kv, prec=prec, len_key=len_key)
+    # tile_q_bwd: the dq pass's query tile (the forward's by default; tuned on its own).
+    return dict(block_d=block_d, tile_q=tile_q, tile_q_bwd=tile_q, tile_kv=tile_kv, prec=prec, len_key=len_key,
+                tma=tma)
 
 
 def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int, norm: int,
@@ -69,7 +73,7 @@ def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int
         CAUSAL=causal, HAS_NT=num_targets is not None, BLOCK_S=block_size, HAS_WINDOW=window >= 0,
         HAS_POS=pos_weight is not None, NUM_POS=1 if pos_weight is None else pos_weight.shape[0],
         HAS_TIME=time_weight is not None, NUM_TIME=1 if time_weight is None else time_weight.shape[0],
-        NORM_ROW=norm == 0, PREC=plan["prec"],
+        NORM_ROW=norm == 0, PREC=plan["prec"], USE_TMA=plan["tma"],
     )
 
 
@@ -96,11 +100,12 @@ def jagged_attn_fwd(
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
     # Every token belongs to a tile whose program writes it, so no memset pass is needed.
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
-    plan = _plan(q, k, len_key, block_size, q_len_hint)
+    plan = _plan(q, k, len_key, block_size, q_len_hint, v)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
-        q, k, v, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
+        q, k, v, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), out, lse, q_offsets, kv_offsets,
+        _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
         BLOCK_M=plan["tile_q"], **meta,
@@ -131,22 +136,24 @@ def jagged_attn_bwd(
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
     do = do.contiguous()
-    plan = _plan(q, k, len_key, block_size, q_len_hint)
+    plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
-    common = (scale, float(max(norm, 1)), max(window, 0), len_key)
+    scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
     work_kv, n_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])
     jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
-        q, k, v, do, lse, delta, dk, dv, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work_kv,
+        q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
+        kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else lse,
         dtime if time_weight is not None else lse, _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *common, BLOCK_N=plan["tile_kv"], **meta,
+        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], **meta,
     )
-    work_q, n_q = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    work_q, n_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])
     jagged_attn_bwd_dq_kernel[(n_q * q.shape[1],)](
-        q, k, v, do, lse, delta, dq, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work_q,
+        q, k, v, do, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
+        kv_offsets, _ptr(num_targets, q_offsets), work_q,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *common, BLOCK_M=plan["tile_q"], **meta,
+        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_M=plan["tile_q_bwd"], **meta,
     )
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
 

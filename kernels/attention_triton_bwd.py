@@ -20,26 +20,28 @@ from kernels.attention_triton_common import (
     LOG2E,
     act_fwd_bwd,
     add_table_grad,
+    descriptor_hook,
     kv_range,
-    load_rows,
     pos_bucket,
     q_range,
     smem_prune,
+    stream_tile,
     time_bucket,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
 )
 
-_KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"]
+_KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"]
 
 
 def _configs(name: str) -> list[triton.Config]:
     inner = "BLOCK_M" if name == "dkdv" else "BLOCK_N"
+    hook = descriptor_hook("BLOCK_M", "QD", "DOD") if name == "dkdv" else descriptor_hook("BLOCK_N", "KD", "VD")
     if INTERPRET:
-        return [triton.Config({inner: 32}, num_warps=4, num_stages=1)]
+        return [triton.Config({inner: 32}, num_warps=4, num_stages=1, pre_hook=hook)]
     configs = [
-        triton.Config({inner: b}, num_warps=w, num_stages=2)
+        triton.Config({inner: b}, num_warps=w, num_stages=2, pre_hook=hook)
         for b, w in ((32, 4), (64, 8), (32, 8), (64, 4))
     ]
     return configs if AUTOTUNE else configs[:1]
@@ -60,11 +62,11 @@ def _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scal
 @triton.jit
 def _dkdv_tile(
     dk, dv, k, v, offs_n, ts_k, start_m, m_end, shift, kv_len, hist_end, window, q_start, h,
-    Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One Q tile of the dk/dv loop. ``MASKED=False``: a whole Q tile (inside the row) whose every query
     sees every key of the KV tile (no visibility mask, no bounds)."""
@@ -73,8 +75,8 @@ def _dkdv_tile(
     m_ok = offs_m < m_end
     pos_q = shift + offs_m
     q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    q = load_rows(Q + q_rows, m_ok, d_ok, MASKED, EVEN_D)
-    do = load_rows(DO + q_rows, m_ok, d_ok, MASKED, EVEN_D)
+    q = stream_tile(QD, Q + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    do = stream_tile(DOD, DO + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     ts_q = offs_m
     if HAS_TIME:
         if MASKED:
@@ -91,7 +93,7 @@ def _dkdv_tile(
             lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
             delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
             p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
+            ds = tl.where(ok, p * (dp - delta[:, None]), 0.0)  # dp of a neighbour row's token may not be finite
         else:
             a, da = act_fwd_bwd(s, ACT)
             p = tl.where(ok, a * inv_n, 0.0)
@@ -119,11 +121,11 @@ def _dkdv_tile(
 @triton.jit
 def _dq_tile(
     dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
-    K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
     rows past the row's end have do = 0 and lse = +inf, so they add nothing)."""
@@ -131,8 +133,8 @@ def _dq_tile(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
     kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    k = load_rows(K + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
-    v = load_rows(V + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     ts_k = offs_n
     if HAS_TIME:
         if MASKED:
@@ -147,7 +149,7 @@ def _dq_tile(
         ok = ok & m_ok[:, None]
         if ACT == 0:
             p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
+            ds = tl.where(ok, p * (dp - delta[:, None]), 0.0)  # dp of a neighbour row's token may not be finite
         else:
             _, da = act_fwd_bwd(s, ACT)
             ds = tl.where(ok, dp * da * inv_n, 0.0)
@@ -166,12 +168,12 @@ def _dq_tile(
                  prune_configs_by={"early_config_prune": smem_prune("BLOCK_M", "BLOCK_N")})
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
+    Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
-    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -230,21 +232,21 @@ def jagged_attn_bwd_dkdv_kernel(
     for start_m in range(lo, mid, BLOCK_M):
         dk, dv = _dkdv_tile(
             dk, dv, k, v, offs_n, ts_k, start_m, mid, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, True, EVEN_D)
+            BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA)
     for start_m in range(mid, full_end, BLOCK_M):
         dk, dv = _dkdv_tile(
             dk, dv, k, v, offs_n, ts_k, start_m, full_end, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, False, EVEN_D)
+            BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA)
     for start_m in range(full_end, hi, BLOCK_M):
         dk, dv = _dkdv_tile(
             dk, dv, k, v, offs_n, ts_k, start_m, hi, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, True, EVEN_D)
+            BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA)
 
     tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
@@ -254,12 +256,12 @@ def jagged_attn_bwd_dkdv_kernel(
                  prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    Q, K, V, DO, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
-    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -314,13 +316,13 @@ def jagged_attn_bwd_dq_kernel(
     for start_n in range(lo, mid, BLOCK_N):
         dq = _dq_tile(
             dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
-            K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_N, False, EVEN_D)
+            BLOCK_N, False, EVEN_D, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         dq = _dq_tile(
             dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
-            K, V, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_N, True, EVEN_D)
+            BLOCK_N, True, EVEN_D, USE_TMA)
     tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -9,16 +9,52 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # GEMTRAIN_ATTN_AUTOTUNE=0 uses one configuration per kernel (fast compile for correctness runs).
 AUTOTUNE = os.environ.get("GEMTRAIN_ATTN_AUTOTUNE", "1") != "0"
 LOG2E = tl.constexpr(1.4426950408889634)
 
+# GEMTRAIN_ATTN_TMA: "auto" streams tiles through tensor descriptors (bulk tensor copies) on Hopper and
+# newer when the head dim is a power of two; "1" forces them (also under the interpreter), "0" never.
+TMA = os.environ.get("GEMTRAIN_ATTN_TMA", "auto")
+
 ACT_CODES = {"softmax": 0, "silu": 1, "gelu": 2}
 SMEM_LIMIT = 232448  # bytes of shared memory per block on Hopper (H100/H200)
+
+
+def use_tma(tensors: list[torch.Tensor], head_dim: int, block_d: int) -> bool:
+    """Whether the kernels stream tiles through tensor descriptors for these operands."""
+    if TMA == "0" or head_dim != block_d or any(t.data_ptr() % 16 for t in tensors):
+        return False
+    if TMA == "1":
+        return True
+    t = tensors[0]
+    return t.is_cuda and not INTERPRET and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def descriptor(t: torch.Tensor, enabled: bool) -> torch.Tensor | TensorDescriptor:
+    """A ``[tokens, H*D]`` descriptor of a contiguous ``[tokens, H, D]`` tensor (block shape set by
+    ``descriptor_hook`` per configuration), or the tensor itself when descriptors are off."""
+    if not enabled:
+        return t
+    tokens, heads, dim = t.shape
+    return TensorDescriptor(t, [tokens, heads * dim], [heads * dim, 1], [16, dim])
+
+
+def descriptor_hook(rows: str, *names: str):
+    """Autotune ``pre_hook``: descriptor blocks of ``rows`` (a config or launch key) x BLOCK_D."""
+
+    def hook(nargs: dict) -> None:
+        for name in names:
+            if isinstance(nargs[name], TensorDescriptor):
+                nargs[name].block_shape = [nargs[rows], nargs["BLOCK_D"]]
+
+    return hook
 
 
 def smem_prune(inner: str, outer: str):
@@ -34,7 +70,8 @@ def smem_prune(inner: str, outer: str):
         width, resident = kwargs["BLOCK_D"], kwargs[outer]
         keep = [c for c in configs
                 if 1.1 * elsize * width * (resident + 2 * max(c.num_stages - 1, 1) * c.kwargs[inner]) <= SMEM_LIMIT]
-        return keep or [triton.Config({inner: 16}, num_warps=4, num_stages=1)]
+        hook = configs[0].pre_hook if configs else None
+        return keep or [triton.Config({inner: 16}, num_warps=4, num_stages=1, pre_hook=hook)]
 
     return prune
 
@@ -147,6 +184,22 @@ def load_rows(ptrs, row_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr)
         return tl.load(ptrs)
     else:
         return tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def stream_tile(DESC, ptrs, row0, col0, row_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr,
+                USE_TMA: tl.constexpr):
+    """A [rows, BLOCK_D] tile of an operand streamed through a loop.
+
+    ``USE_TMA``: one bulk tensor copy through ``DESC``, a descriptor over the whole ``[tokens, H*D]``
+    tensor (Hopper's copy engine, pipelined by the compiler). Rows past the jagged row then hold the
+    next row's tokens (zeros past the tensor): callers mask their scores, as they do on masked tiles.
+    Otherwise a pointer load with ``load_rows``.
+    """
+    if USE_TMA:
+        return DESC.load([row0.to(tl.int32), col0])
+    else:
+        return load_rows(ptrs, row_ok, d_ok, MASK_ROWS, EVEN_D)
 
 
 @triton.jit

@@ -14,10 +14,12 @@ from kernels.attention_triton_common import (
     INTERPRET,
     LOG2E,
     act_fwd,
+    descriptor_hook,
     kv_range,
     load_rows,
     pos_bucket,
     smem_prune,
+    stream_tile,
     time_bucket,
     unmasked_kv_end,
     visible,
@@ -25,10 +27,11 @@ from kernels.attention_triton_common import (
 
 
 def _configs() -> list[triton.Config]:
+    hook = descriptor_hook("BLOCK_N", "KD", "VD")
     if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=hook)]
     configs = [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=3)
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=3, pre_hook=hook)
         for bn, w in ((64, 4), (64, 8), (128, 8), (32, 4))
     ]
     return configs if AUTOTUNE else configs[:1]
@@ -36,12 +39,12 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _fwd_tile(
-    acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+    acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
     kv_start, h, offs_d, d_ok, qk_scale, bias_scale,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One KV tile of the forward. ``MASKED=False``: every query sees every key of the tile, which lies
     inside the row (no visibility mask, no key bounds; rows past the row's end hold q = 0 and stay
@@ -50,8 +53,8 @@ def _fwd_tile(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
     kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    k = load_rows(K + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
-    v = load_rows(V + kv_rows, n_ok, d_ok, MASKED, EVEN_D)
+    k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if HAS_POS:
         s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
@@ -89,16 +92,16 @@ def _fwd_tile(
     return acc, m_i, l_i
 
 
-@triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"],
+@triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"],
                  prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_fwd_kernel(
-    Q, K, V, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    Q, K, V, KD, VD, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
-    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -149,14 +152,14 @@ def jagged_attn_fwd_kernel(
     mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
     for start_n in range(lo, mid, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(
-            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
             kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
-            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, False, EVEN_D)
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, False, EVEN_D, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(
-            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KTS, POSW, TIMEW,
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
             kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
-            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, True, EVEN_D)
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
 
     if ACT == 0:
         has = l_i > 0.0

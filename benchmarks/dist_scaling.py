@@ -1,7 +1,7 @@
 """Weak scaling of data-parallel training: 1 GPU vs N GPUs at the same per-GPU batch.
 
     torchrun --nproc-per-node 2 benchmarks/dist_scaling.py [--config configs/gem_medium.yaml] [--steps 8]
-        [--dense fsdp,ddp] [--splits contiguous,balanced]
+        [--dense fsdp,ddp] [--splits contiguous,balanced] [--guards device,host]
 
 One torchrun, all rows in the same processes (imports and kernel compiles happen once). Every rank
 builds the same global batches (`--batches` of N x batch rows, synthetic, `ingest.synth`) and takes
@@ -10,10 +10,13 @@ its share of each in one of two ways (`--splits`):
 - balanced: the global batch's rows sorted by history events and dealt to the ranks in serpentine
   order (0..N-1, N-1..0, ...), as the loader's length-aware batching (ingest/batching.py) and GEM's
   batch shuffling do, so every rank gets about the same events.
-For each split:
+For each split and each `--guards` mode (device: the NaN guard and clipping on the device, no host
+read per step; host: the earlier step, which read the touched-row counts and the gradient norm on the
+host after backward):
 1. baseline: every rank trains its own copy of the model alone on its own GPU (the single-GPU step:
-   no process group traffic), `steps` timed steps after warm-up; the 1-GPU rate is the batch over
-   the mean of the ranks' step times;
+   no process group traffic, the same optimizers and guard code as the data-parallel rows,
+   `_ClippedOptimizer` on local gradients), `steps` timed steps after warm-up; the 1-GPU rate is
+   the batch over the mean of the ranks' step times;
 2. data parallel over all ranks with `model.parallelize.parallelize` (`distributed.sparse:
    replicate`: tables replicated with a row-sparse gradient all-reduce, since fbgemm's CUDA kernels
    are not on the benchmark machine), once per `--dense` layout: fsdp (FSDP2 per block, bf16 params),
@@ -23,7 +26,8 @@ For each split:
 Examples/s = global examples / the slowest rank's step time; scaling ratio = (N-GPU examples/s) /
 (N x 1-GPU examples/s) of the same split. Communication share: 3 more steps under the profiler;
 NCCL kernel time not overlapped by any compute kernel over the profiled wall time ("exposed"), and
-all NCCL kernel time ("total"). Batches are resident on the GPU: the loader is not timed.
+all NCCL kernel time ("total"); "GPU busy": the share of that wall time in which any kernel ran on
+rank 0 (the rest: the GPU waiting for the host). Batches are resident on the GPU: the loader is not timed.
 Rank 0 prints one table and writes it to --out (JSON).
 """
 
@@ -121,30 +125,86 @@ def _exposed_comm(prof) -> tuple[float, float]:
     return exposed * 1e-6, total * 1e-6
 
 
-def _single_gpu(schema, cfg, tasks, batches, dev, autocast: bool, warmup: int, steps: int) -> tuple[float, float]:
-    """The trainer's single-GPU step (plain model, its optimizers); -> (timed seconds, first step seconds)."""
-    from model import build_model
-    from model.losses import multitask_loss
-    from train.trainer import build_optimizer
+def _busy(prof) -> float:
+    """Seconds in which at least one GPU kernel ran (the union of kernel intervals) over the profile."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.elapsed_us() > 0)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy * 1e-6
 
-    torch.manual_seed(0)
-    model = build_model(schema, cfg.model).to(dev)
-    opt, _, dense_params, _ = build_optimizer(model, cfg)
+
+def _profile(step, batches, dev) -> tuple[float, object]:
+    """3 steps under torch.profiler: (wall seconds, profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tp = time.perf_counter()
+        for i in range(3):
+            step(batches[i % len(batches)])
+        _sync(dev)
+        tp = time.perf_counter() - tp
+    return tp, prof
+
+
+def _guarded_step(model_loss, opt, dev, autocast: bool):
+    """The trainer's step: zero_grad, forward + loss, backward, the clipped / NaN-guarded optimizer step,
+    and the NaN guard's flag pushed and polled as the distributed loop does (`SkipCounter`)."""
+    from train.dist_trainer import SkipCounter
+
+    skips = SkipCounter()
+    n = [0]
 
     def step(b):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-            out = model(b)
-        loss, _ = multitask_loss(out.logits.float(), b.labels, b.label_mask, b.weights, tasks)
-        (loss + out.aux_loss.float()).backward()
-        torch.nn.utils.clip_grad_norm_(dense_params, cfg.optim.clip_grad_norm)
+            loss = model_loss(b)
+        loss.backward()
         opt.step()
+        n[0] += 1
+        skips.push(n[0], opt.last_ok)
+        if skips.poll():
+            raise RuntimeError("benchmark step had non-finite gradients")
 
+    return step
+
+
+def _single_gpu(schema, cfg, tasks, batches, dev, autocast: bool, warmup: int, steps: int,
+                guard: str) -> tuple[float, float, dict]:
+    """The single-GPU step (plain model) with the distributed step's optimizers and guard code
+    (`_ClippedOptimizer` on this process's gradients: fused AdamW, row-wise Adagrad on the tables);
+    -> (timed seconds, first step seconds, profile figures)."""
+    from model import build_model
+    from model.losses import multitask_loss
+    from train.dist_trainer import _ClippedOptimizer, combined_optimizer
+    from train.trainer import split_params
+
+    torch.manual_seed(0)
+    model = build_model(schema, cfg.model).to(dev)
+    dense, tables = split_params(model)
+    opt = _ClippedOptimizer(combined_optimizer(dense, tables, cfg), list(dense.values()), cfg.optim.clip_grad_norm,
+                            distributed=False, device_guard=guard == "device")
+
+    def model_loss(b):
+        out = model(b)
+        loss, _ = multitask_loss(out.logits.float(), b.labels, b.label_mask, b.weights, tasks)
+        return loss + out.aux_loss.float()
+
+    step = _guarded_step(model_loss, opt, dev, autocast)
     t0 = time.perf_counter()
     step(batches[0])
     _sync(dev)
     first = time.perf_counter() - t0
-    return _time_steps(step, batches, warmup, steps, dev), first
+    t = _time_steps(step, batches, warmup, steps, dev)
+    prof_res = {}
+    if dev.type == "cuda":
+        tp, prof = _profile(step, batches, dev)
+        prof_res = {"profiled_s": tp, "gpu_busy_s": _busy(prof)}
+    return t, first, prof_res
 
 
 def _link_probe(dev, sizes_mb=(1, 8, 32)) -> list[dict]:
@@ -179,8 +239,11 @@ DENSE = {"fsdp": {"dense": "fsdp"}, "fsdp_keep": {"dense": "fsdp", "reshard_afte
          "ddp": {"dense": "ddp"}, "ddp_bf16": {"dense": "ddp", "reduce_dtype": "bf16"}}
 
 
-def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str, a, info, profile_table: bool) -> dict:
-    """The distributed trainer's step under `parallelize` (tables replicated); -> timings of this rank."""
+def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str, guard: str, a, info,
+                   profile_table: bool) -> dict:
+    """The distributed trainer's step under `parallelize` (tables replicated); -> timings of this rank.
+    guard "host": the earlier step (rows marked by any() over the table gradients, counts and the
+    gradient norm read on the host after backward, the update skipped on the host)."""
     from model import build_model
     from model.parallelize import ParallelConfig, parallelize
     from train.dist_trainer import _ClippedOptimizer
@@ -191,32 +254,19 @@ def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str,
     pz = parallelize(model, schema, ParallelConfig(sparse="replicate", **DENSE[dense]), dev,
                      batch_size=cfg.train.batch_size, loss_tasks=tasks, log=lambda _m: None)
     copt, dparams = dist_optimizer(pz, cfg)
-    opt = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync)
-
-    def step(b):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-            loss, _ = pz.model(b)
-        loss.backward()
-        opt.step()
-
+    pz.replicated_sync.mark_at_forward = guard == "device"
+    opt = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync,
+                            device_guard=guard == "device")
+    step = _guarded_step(lambda b: pz.model(b)[0], opt, dev, autocast)
     t = _time_steps(step, batches, a.warmup, a.steps, dev) / a.steps
-    res = {"step_s": t}
+    res = {"step_s": t, "device_guard": opt.device_guard}
     if dev.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile
-
-        _sync(dev)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            tp = time.perf_counter()
-            for i in range(3):
-                step(batches[i % len(batches)])
-            _sync(dev)
-            tp = time.perf_counter() - tp
+        tp, prof = _profile(step, batches, dev)
         exposed, total = _exposed_comm(prof)
         if profile_table and info.is_main:
-            print(f"# profile of 3 steps, rank 0, dense {dense}")
+            print(f"# profile of 3 steps, rank 0, dense {dense}, guard {guard}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-        res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total,
+        res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total, gpu_busy_s=_busy(prof),
                    sparse_rows_sent=pz.replicated_sync.rows_sent, sparse_rows_received=pz.replicated_sync.rows_received)
     return res  # the model goes with this frame; the caller frees the memory
 
@@ -237,13 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=3, help="distinct global batches, cycled")
     ap.add_argument("--dense", default="fsdp,ddp", help="comma-separated: " + ", ".join(DENSE))
     ap.add_argument("--splits", default="contiguous,balanced", help="comma-separated: contiguous, balanced")
+    ap.add_argument("--guards", default="device", help="comma-separated: device (no host read per step), host "
+                    "(the earlier step: touched rows and gradient norm read on the host after backward)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default="")
     ap.add_argument("--kernel-table", action="store_true", help="rank 0 prints each profiled layout's top kernels")
     a, overrides = ap.parse_known_args(argv)
     denses = [d for d in a.dense.split(",") if d]
     splits = [x for x in a.splits.split(",") if x]
-    bad = [d for d in denses if d not in DENSE] + [x for x in splits if x not in ("contiguous", "balanced")]
+    guards = [g for g in a.guards.split(",") if g]
+    bad = [d for d in denses if d not in DENSE] + [x for x in splits if x not in ("contiguous", "balanced")] + [
+        g for g in guards if g not in ("device", "host")]
     if bad:
         ap.error(f"unknown --dense / --splits value(s): {', '.join(bad)}")
 
@@ -272,48 +326,53 @@ def main(argv: list[str] | None = None) -> int:
                                for x in res["link"])
     else:
         lines_link = ""
+    def pct(r: dict, key: str) -> str:
+        return f"{100 * r[key] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
+
     for how in splits:
         batches = _batches(schema, tables, n, info.rank, how, dev)
         events = sum(int(b.seq_offsets[s.name][-1]) for b in batches for s in schema.sequences) / len(batches)
-        t1, t_first = _single_gpu(schema, cfg, tasks, batches, dev, autocast, a.warmup, a.steps)
-        t1 /= a.steps
-        _free(dev)
-        print(f"rank {info.rank} [{how}]: 1 GPU alone: {1e3 * t1:.1f} ms/step (first step {t_first:.1f} s, "
-              f"{events:,.0f} events/batch)", flush=True)
-        ones = tdist.all_gather_floats(t1)
         evs = tdist.all_gather_floats(events)
-        one_rate = bsz / (sum(ones) / n)
-        res["rows"].append({"gpus": 1, "split": how, "step_s_per_rank": ones, "events_per_rank": evs,
-                            "examples_per_s": one_rate})
-        lines.append(f"| 1 | {how} | - | {1e3 * sum(ones) / n:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in ones)} "
-                     f"| {' / '.join(f'{e / 1e3:.1f}k' for e in evs)} | {one_rate:,.0f} | 1.00 | - | - |")
-        if n == 1:
-            continue
-        for dense in denses:
-            if n > 1:
-                dist.barrier()
-            r = _data_parallel(schema, cfg, tasks, batches, dev, autocast, dense, a, info, a.kernel_table)
+        ev_text = " / ".join(f"{e / 1e3:.1f}k" for e in evs)
+        for guard in guards:
+            t1, t_first, p1 = _single_gpu(schema, cfg, tasks, batches, dev, autocast, a.warmup, a.steps, guard)
+            t1 /= a.steps
             _free(dev)
-            steps = tdist.all_gather_floats(r["step_s"])
-            dp = max(steps)
-            rate = n * bsz / dp
-            row = {"gpus": n, "split": how, "dense": dense, "step_s_per_rank": steps, "examples_per_s": rate,
-                   "scaling_ratio": rate / (n * one_rate), **{k: v for k, v in r.items() if k != "step_s"}}
-            res["rows"].append(row)
-            exp = f"{100 * r['comm_exposed_s'] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
-            tot = f"{100 * r['comm_total_s'] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
-            lines.append(f"| {n} | {how} | {dense} | {1e3 * dp:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in steps)} "
-                         f"| {' / '.join(f'{e / 1e3:.1f}k' for e in evs)} | {rate:,.0f} | {row['scaling_ratio']:.3f} "
-                         f"| {exp} | {tot} |")
+            print(f"rank {info.rank} [{how}, guard {guard}]: 1 GPU alone: {1e3 * t1:.1f} ms/step (first step "
+                  f"{t_first:.1f} s, {events:,.0f} events/batch)", flush=True)
+            ones = tdist.all_gather_floats(t1)
+            one_rate = bsz / (sum(ones) / n)
+            res["rows"].append({"gpus": 1, "split": how, "guard": guard, "step_s_per_rank": ones,
+                                "events_per_rank": evs, "examples_per_s": one_rate, **p1})
+            lines.append(f"| 1 | {how} | - | {guard} | {1e3 * sum(ones) / n:.1f} "
+                         f"| {' / '.join(f'{1e3 * x:.1f}' for x in ones)} | {ev_text} | {one_rate:,.0f} | 1.00 "
+                         f"| {pct(p1, 'gpu_busy_s')} | - | - |")
+            if n == 1:
+                continue
+            for dense in denses:
+                dist.barrier()
+                r = _data_parallel(schema, cfg, tasks, batches, dev, autocast, dense, guard, a, info, a.kernel_table)
+                _free(dev)
+                steps = tdist.all_gather_floats(r["step_s"])
+                dp = max(steps)
+                rate = n * bsz / dp
+                row = {"gpus": n, "split": how, "dense": dense, "guard": guard, "step_s_per_rank": steps,
+                       "examples_per_s": rate, "scaling_ratio": rate / (n * one_rate),
+                       **{k: v for k, v in r.items() if k != "step_s"}}
+                res["rows"].append(row)
+                lines.append(f"| {n} | {how} | {dense} | {guard}{'' if r['device_guard'] or guard == 'host' else '*'} "
+                             f"| {1e3 * dp:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in steps)} | {ev_text} "
+                             f"| {rate:,.0f} | {row['scaling_ratio']:.3f} | {pct(r, 'gpu_busy_s')} "
+                             f"| {pct(r, 'comm_exposed_s')} | {pct(r, 'comm_total_s')} |")
         del batches
         _free(dev)
     if info.is_main:
         head = [f"# weak scaling, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
                 f"torch {torch.__version__}, {Path(a.config).name}, batch {bsz}/GPU, bf16={autocast}, "
                 f"{a.steps} timed steps after {a.warmup}, {a.batches} global batches cycled; comm share of rank 0",
-                "| GPUs | split | dense | step ms (slowest rank) | step ms per rank | events/batch per rank "
-                "| examples/s | scaling ratio | comm exposed | comm total |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "| GPUs | split | dense | guard | step ms (slowest rank) | step ms per rank | events/batch per rank "
+                "| examples/s | scaling ratio | GPU busy | comm exposed | comm total |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         if lines_link:
             head.insert(1, f"# link (busbw): {lines_link}")
         print("\n".join(head + lines), flush=True)

@@ -18,7 +18,8 @@
   the gradients per step instead of FSDP2's per-block gathers and reduce-scatters.
 - **Tables replicated** (`sparse: replicate`, for GPUs without fbgemm's CUDA kernels): no DMP; after
   backward each rank's touched rows are all-gathered and averaged (`ReplicatedGradSync`: a fixed
-  number of collectives and one host read per step, shared with the gradient norm).
+  number of collectives; the rows are marked from the batch's ids at forward time and their counts
+  reach the host without a read that waits for backward).
 - **Experts**: `ExpertParallelMoE` (model/expert_parallel.py) swaps each `MoE` for one that keeps num_experts / ep of
   the experts and moves tokens by all-to-all. Every MoE of a multi-rank run is swapped (also at
   ep = 1), so its load-balance loss uses the routing statistics of the global batch.
@@ -429,6 +430,7 @@ def parallelize(model: nn.Module, schema: FeatureSchema, cfg: ParallelConfig, de
         tm.to(device)
         table_params = [p for m in tables for p in m.parameters()]
         sync = ReplicatedGradSync(table_params, wire_dtype=torch.bfloat16 if cfg.reduce_dtype == "bf16" else None)
+        sync.watch(tables)  # touched rows marked from the batch's ids at forward time
         units = _dense_wrap(tm, cfg, mesh, mp, keep_out=lambda m: any(m is t for t in tables) or is_ep(m),
                             device=device)
         log(f"distributed: {ws} ranks, tables replicated (gradients all-reduced), dense units: {len(units)}")

@@ -23,20 +23,45 @@ def _nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
         return mask.nonzero().flatten()
 
 
+class _Pending:
+    """Row counts `[world, tables]` on their way to the host: a non-blocking copy and its event."""
+
+    def __init__(self, tables: list[int], counts: torch.Tensor):
+        self.tables = tables
+        if counts.device.type == "cuda":
+            self.host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            self.host.copy_(counts, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = counts, None
+
+    def read(self) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()  # recorded at forward time: complete long before backward ends
+        return self.host.tolist()
+
+
 class ReplicatedGradSync:
     """Averages the gradients of replicated embedding tables over ranks after backward
     (`distributed.sparse: replicate`, for machines without torchrec's sharded kernels).
 
     A batch touches few rows of a large table, so only the rows a rank touched travel, with a fixed
-    number of collectives and one host read per step whatever the number of tables:
-    - `start()` marks each table's rows with a gradient on this rank and all-gathers the per-table
-      row counts (one small collective); it returns them, on the device, `[world, tables]`;
-    - `finish(counts)` (those counts, read on the host) gathers this rank's rows of every table
-      (ids and values, each table padded to the largest count over ranks) into one buffer per
-      dtype, all-gathers ids and values once, and forms the average: own rows scaled by 1/world,
-      every other rank's rows added with weight 1/world.
+    number of collectives whatever the number of tables, and no host read that waits for backward:
+    - at forward time (`watch()`'s hooks on the EmbeddingCollection / EmbeddingBagCollection), each
+      table's rows are marked from the batch's ids (a byte mask; the KJT's per-key offsets are host
+      lists, so no sync), the per-table row counts are all-gathered (one small collective per module)
+      and copied to pinned host memory without blocking; they are read after backward, by which time
+      the copy finished long ago (the GPU still has the whole backward queued);
+    - `finish(counts, ok)` gathers this rank's rows of every table (ids and values, each table
+      padded to the largest count over ranks) into one buffer per dtype, all-gathers ids and values
+      once, and forms the average: own rows scaled by 1/world, every other rank's rows added with
+      weight 1/world. With `ok` (a device bool, the step's gradients finite) false the touched rows
+      become zero, so the table optimizer's step is a no-op (row-wise Adagrad without weight decay)
+      without the host knowing.
+    Tables with no marks (no `watch()`, or used outside a watched module's forward) fall back to
+    marking the rows with a gradient (`any()` over the table's gradient) and one blocking read.
     Each rank sends its own rows once (an all-reduce of the union would move the union twice).
-    `sync()` does both; `_ClippedOptimizer` reads the counts and the gradient norm in one transfer.
     """
 
     def __init__(self, params: list[nn.Parameter], group=None, wire_dtype: torch.dtype | None = None):
@@ -49,35 +74,109 @@ class ReplicatedGradSync:
         self.rank = dist.get_rank(group)
         self.rows_sent = 0  # rows this rank sent in the last sync (for logs / benchmarks)
         self.rows_received = 0  # rows it received from the other ranks
-        self._masks: list[torch.Tensor] | None = None
+        self.mark_at_forward = True  # False: mark rows from the gradients after backward (the fallback)
+        self._masks: list[torch.Tensor | None] = [None] * len(params)
+        self._pending: dict[tuple[int, ...], _Pending] = {}
+        self._hooks: list = []
 
-    def start(self) -> torch.Tensor:
-        """Marks this rank's touched rows; returns every rank's per-table row counts `[world, tables]`."""
+    # ---- marking ---------------------------------------------------------------------------------
+
+    def watch(self, modules: list[nn.Module]) -> None:
+        """Marks touched rows when these torchrec EmbeddingCollection / EmbeddingBagCollection modules
+        run forward (with gradients enabled), from the ids of the KJT they are given."""
+        index = {id(p): t for t, p in enumerate(self.params)}
+        for m in modules:
+            if hasattr(m, "embedding_bag_configs"):
+                cfgs, holder = m.embedding_bag_configs(), m.embedding_bags
+            elif hasattr(m, "embedding_configs"):
+                cfgs, holder = m.embedding_configs(), m.embeddings
+            else:
+                raise ReplicatedSyncError(f"ReplicatedGradSync.watch: {type(m).__name__} is not a torchrec "
+                                          "EmbeddingCollection / EmbeddingBagCollection; pass those modules")
+            tables, keys = [], []
+            for c in cfgs:
+                t = index.get(id(holder[c.name].weight))
+                if t is None:
+                    raise ReplicatedSyncError(f"ReplicatedGradSync.watch: table {c.name!r} of {type(m).__name__} "
+                                              "is not among the synced parameters; build the sync with every "
+                                              "table's weight")
+                tables.append(t)
+                keys.append(list(c.feature_names))
+            self._hooks.append(m.register_forward_pre_hook(
+                lambda _mod, args, tables=tables, keys=keys: self._mark(tables, keys, args[0])))
+
+    def _mark(self, tables: list[int], keys: list[list[str]], kjt) -> None:
         import torch.distributed as dist
 
-        masks = []
-        for p in self.params:
-            g = p.grad
-            if g is None:  # every rank must still take part: no rows of this table here
-                masks.append(torch.zeros(p.shape[0], dtype=torch.bool, device=p.device))
-            else:  # any() reads the float rows directly (no temporary of the table's size)
-                masks.append(g.view(g.shape[0], -1).any(dim=1))
-        self._masks = masks
-        counts = torch.stack([m.sum() for m in masks])
-        if self.world == 1:
-            return counts.view(1, -1)
-        out = torch.empty(self.world * counts.numel(), dtype=counts.dtype, device=counts.device)
-        dist.all_gather_into_tensor(out, counts, group=self.group)
-        return out.view(self.world, -1)
+        if not (self.mark_at_forward and torch.is_grad_enabled()):
+            return
+        values = kjt.values()
+        offsets = kjt.offset_per_key()  # host list: cached by the loader / the first lookup, else one sync
+        where = {k: i for i, k in enumerate(kjt.keys())}
+        counts = []
+        for t, feats in zip(tables, keys):
+            p = self.params[t]
+            m = self._masks[t]
+            if m is None:  # forwards before one backward (accumulation) add to the same marks
+                m = self._masks[t] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
+            for f in feats:
+                i = where.get(f)
+                if i is not None and offsets[i + 1] > offsets[i]:
+                    m.index_fill_(0, values[offsets[i]:offsets[i + 1]].long(), True)
+            counts.append(m.sum())
+        c = torch.stack(counts)
+        if self.world > 1:
+            out = torch.empty(self.world * c.numel(), dtype=c.dtype, device=c.device)
+            dist.all_gather_into_tensor(out, c, group=self.group)
+            c = out
+        self._pending[tuple(tables)] = _Pending(tables, c.view(self.world, -1))
 
-    def finish(self, counts: list[list[int]]) -> None:
-        """Exchanges the touched rows and averages them (`counts`: `start()`'s result on the host)."""
+    def counts(self) -> list[list[int]]:
+        """Every rank's touched-row count per table, `[world][tables]`, on the host."""
         import torch.distributed as dist
 
-        if self._masks is None:
-            raise ReplicatedSyncError("ReplicatedGradSync.finish() called without start(): call start() after "
-                                       "backward, then finish() with its counts")
-        masks, self._masks = self._masks, None
+        out = [[0] * len(self.params) for _ in range(self.world)]
+        done: set[int] = set()
+        for pend in self._pending.values():
+            for r, row in enumerate(pend.read()):
+                for t, c in zip(pend.tables, row):
+                    out[r][t] = int(c)
+            done.update(pend.tables)
+        self._pending = {}
+        rest = [t for t in range(len(self.params)) if t not in done]
+        if rest:  # not marked at forward: the rows with a gradient, and a blocking read
+            cs = []
+            for t in rest:
+                p = self.params[t]
+                g = p.grad
+                if g is None:  # every rank must still take part: no rows of this table here
+                    m = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
+                else:  # any() reads the float rows directly (no temporary of the table's size)
+                    m = g.view(g.shape[0], -1).any(dim=1)
+                self._masks[t] = m
+                cs.append(m.sum())
+            c = torch.stack(cs)
+            if self.world > 1:
+                g_out = torch.empty(self.world * c.numel(), dtype=c.dtype, device=c.device)
+                dist.all_gather_into_tensor(g_out, c, group=self.group)
+                c = g_out
+            for r, row in enumerate(c.view(self.world, -1).tolist()):
+                for t, k in zip(rest, row):
+                    out[r][t] = int(k)
+        return out
+
+    # ---- the exchange ----------------------------------------------------------------------------
+
+    def finish(self, counts: list[list[int]], ok: torch.Tensor | None = None) -> None:
+        """Exchanges the touched rows and averages them (`counts`: `counts()`); `ok` false (a device bool):
+        the touched rows are zeroed instead (the step's update skipped on the device)."""
+        import torch.distributed as dist
+
+        masks, self._masks = self._masks, [None] * len(self.params)
+        if any(m is None for m in masks):
+            raise ReplicatedSyncError("ReplicatedGradSync.finish() called without counts(): call counts() "
+                                      "after backward, then finish() with its result")
+        bad = None if ok is None else ~ok
         w, me = self.world, self.rank
         self.rows_sent = sum(counts[me])
         self.rows_received = sum(sum(c) for r, c in enumerate(counts) if r != me)
@@ -103,10 +202,15 @@ class ReplicatedGradSync:
                 ids[i:i + k] = own
                 rows = g2.index_select(0, own)
                 vals[v:v + k * g2.shape[1]] = rows.flatten()
-                g2.index_copy_(0, own, rows.div_(w))  # own share of the average
+                rows.div_(w)  # own share of the average
+                if bad is not None:
+                    rows.masked_fill_(bad, 0.0)
+                g2.index_copy_(0, own, rows)
                 i += pad
                 v += pad * g2.shape[1]
             if w > 1:
+                if bad is not None:  # ok is the same on every rank (a global norm): zero what is sent
+                    vals.masked_fill_(bad, 0.0)
                 all_ids = torch.empty(w * n_ids, dtype=ids.dtype, device=dev)
                 all_vals = torch.empty(w * n_vals, dtype=vals.dtype, device=dev)
                 dist.all_gather_into_tensor(all_ids, ids, group=self.group)
@@ -123,5 +227,5 @@ class ReplicatedGradSync:
                         i += pad
                         v += pad * g2.shape[1]
 
-    def sync(self) -> None:
-        self.finish(self.start().tolist())
+    def sync(self, ok: torch.Tensor | None = None) -> None:
+        self.finish(self.counts(), ok)

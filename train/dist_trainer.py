@@ -17,9 +17,12 @@ config, schema, model, data and logging, and adds what a sharded run needs:
 - checkpoints via train/dist_checkpoint.py (DCP, any world size), and held-out metrics computed
   on rank 0 from every rank's predictions.
 
-Non-finite steps: the dense update is skipped on every rank (the gradient norm is global); the
-fused table update has already happened in backward, so a sharded run counts the step and stops
-after `train.nan_guard_max` as the trainer does.
+Non-finite steps: the update is skipped on every rank (the gradient norm is global), on the device
+(fused AdamW's `found_inf`; replicated tables' rows zeroed), and the flag is read on the host a step
+or two later without blocking (`SkipCounter`): the step is counted, logged and training stops after
+`train.nan_guard_max` of them, up to two steps after the one that reached it. The fused table update
+of sharded tables has already happened in backward. No per-step host read: the window's loss is
+summed on the device and read at log time.
 """
 
 from __future__ import annotations
@@ -41,41 +44,88 @@ from train import distributed as tdist
 
 class _ClippedOptimizer:
     """The combined optimizer with the trainer's gradient clipping and NaN guard in `step()`
-    (torchrec's pipeline calls `step()` itself)."""
+    (torchrec's pipeline calls `step()` itself).
 
-    def __init__(self, opt, dense_params, clip: float, replicated_sync=None, after_step=None):
+    Device guard (the default, when every optimizer can skip a step on the device): no host read.
+    The gradient norm, the clipping factor `clamp(clip / (norm + 1e-6), max=1)` (as `clip_grad_norm_`)
+    and the finite flag stay on the device; a non-finite step sets `found_inf` on the fused dense
+    optimizers (the update and its step count are skipped inside the kernel), zeroes the replicated
+    tables' touched rows (their row-wise Adagrad step is then a no-op) and `last_ok` is the device flag,
+    which the loop reads later without blocking (`SkipCounter`). Sharded tables take their fused
+    update in backward either way. Host guard (`device_guard=False`, or an optimizer that cannot skip on
+    the device): the norm is read on the host and the update skipped there; `last_ok` is a bool.
+    `distributed=False`: the norm of this process's gradients only (a single-GPU step; benchmarks).
+    """
+
+    def __init__(self, opt, dense_params, clip: float, replicated_sync=None, after_step=None, *,
+                 distributed: bool = True, device_guard: bool = True):
         self.opt, self.dense_params, self.clip, self.sync = opt, dense_params, clip, replicated_sync
         self.after_step = after_step  # 2D sparse parallelism: average the table replicas
-        self.last_ok = True
+        self.distributed = distributed
+        self.last_ok: bool | torch.Tensor = True
         self.param_groups = opt.param_groups
+        self._skippers: list[torch.optim.Optimizer] = []  # take `found_inf` (fused Adam / AdamW)
+        self.device_guard = device_guard and self._find_skippers()
+
+    def _find_skippers(self) -> bool:
+        """Whether a step can be skipped on the device by every optimizer (collects those taking found_inf)."""
+        for name, o in getattr(self.opt, "optimizers", [("dense", self.opt)]):
+            inner = getattr(o, "_optimizer", o)
+            if isinstance(inner, torch.optim.Optimizer) and all(g.get("fused") for g in inner.param_groups):
+                self._skippers.append(inner)
+            elif name == "sparse" and self.sync is None:
+                continue  # sharded tables: torchrec's fused update ran in backward
+            elif name == "sparse" and all(g.get("weight_decay", 0) == 0 and g.get("lr_decay", 0) == 0
+                                          for g in getattr(inner, "param_groups", [{"weight_decay": 1}])):
+                continue  # replicated tables: zeroed rows make a decay-free (row-wise) Adagrad step a no-op
+            else:
+                return False
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.opt.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure=None) -> None:
-        # one host read per step: the replicated tables' row counts and the gradient norm together
-        counts = self.sync.start() if self.sync is not None else None
-        grads = [p.grad for p in self.dense_params if p.grad is not None]
-        norm = global_grad_norm(grads, self.dense_params) if grads else None
-        parts = ([counts.flatten().double()] if counts is not None else []) + (
-            [norm.double().reshape(1)] if norm is not None else [])
-        host = torch.cat(parts).tolist() if parts else []
-        if self.sync is not None:
-            t = len(self.sync.params)
-            self.sync.finish([[int(c) for c in host[r * t:(r + 1) * t]] for r in range(counts.shape[0])])
-        ok = True
-        if norm is not None:
-            n = host[-1]
-            ok = math.isfinite(n)
-            if ok and self.clip > 0 and n > self.clip:
-                from torch.distributed.tensor import DTensor
+    def _norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        if self.distributed:
+            return global_grad_norm(grads, self.dense_params)
+        return torch.nn.utils.get_total_norm(grads, 2.0)
 
-                # in place on the local shards (a list may mix DTensor and plain gradients)
-                torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads],
-                                    self.clip / (n + 1e-6))
-        self.last_ok = ok
-        if ok:
+    @staticmethod
+    def _local(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        # in place on the local shards (a list may mix DTensor and plain gradients)
+        return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+
+    def step(self, closure=None) -> None:
+        grads = [p.grad for p in self.dense_params if p.grad is not None]
+        norm = self._norm(grads) if grads else None
+        if self.device_guard:
+            ok = torch.isfinite(norm) if norm is not None else None
+            if norm is not None and self.clip > 0:
+                coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0).float()
+                torch._foreach_mul_(self._local(grads), coef)
+            if self.sync is not None:
+                self.sync.sync(ok)
+            if ok is not None:
+                found = (~ok).float()
+                for o in self._skippers:
+                    o.grad_scale, o.found_inf = None, found
             self.opt.step()
+            self.last_ok = ok if ok is not None else True
+        else:
+            counts = self.sync.counts() if self.sync is not None else None
+            n = float(norm) if norm is not None else 0.0  # the host read
+            ok = math.isfinite(n)
+            if self.sync is not None:
+                self.sync.finish(counts)
+            if ok and self.clip > 0 and n > self.clip:
+                torch._foreach_mul_(self._local(grads), self.clip / (n + 1e-6))
+            for o in self._skippers:
+                o.found_inf = None
+            self.last_ok = ok
+            if ok:
+                self.opt.step()
         if self.after_step is not None:  # the fused table update happened in backward either way
             self.after_step()
 
@@ -86,7 +136,46 @@ class _ClippedOptimizer:
         self.opt.load_state_dict(sd)
 
     def init_state(self) -> None:
+        for o in self._skippers:  # torchrec steps once on zero gradients to create the state
+            o.found_inf = None
         self.opt.init_state()
+
+
+class SkipCounter:
+    """The NaN guard's count from each step's finite flag, read without making the host wait.
+
+    `push(step, ok)` starts a non-blocking copy of the device flag (CUDA: pinned memory and an event);
+    `poll()` returns the skipped steps among the flags that have arrived, waiting only for flags more
+    than `max_lag` steps old, so a skipped step is counted at most `max_lag` steps after it ran (its
+    update was skipped on the device at once). `poll(wait=True)` reads them all (logs, checkpoints, end).
+    """
+
+    def __init__(self, max_lag: int = 2):
+        self.max_lag = max_lag
+        self._queue: collections.deque = collections.deque()  # (step, flag on the host, event or None)
+
+    def push(self, step: int, ok: bool | torch.Tensor) -> None:
+        if isinstance(ok, torch.Tensor) and ok.device.type == "cuda":
+            host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            host.copy_(ok, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._queue.append((step, host, ev))
+        else:
+            self._queue.append((step, bool(ok), None))
+
+    def poll(self, wait: bool = False) -> list[int]:
+        out = []
+        while self._queue:
+            step, flag, ev = self._queue[0]
+            if ev is not None:
+                if not (wait or len(self._queue) > self.max_lag or ev.query()):
+                    break
+                ev.synchronize()
+            self._queue.popleft()
+            if not bool(flag):
+                out.append(step)
+        return out
 
 
 def global_grad_norm(grads: list[torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
@@ -128,26 +217,35 @@ def global_grad_norm(grads: list[torch.Tensor], params: list[torch.Tensor]) -> t
 
 
 def build_optimizer(pz, cfg):
+    emb = pz.train_module.embeddings
+    tables = None
+    if pz.sparse_optimizer is None:  # replicated tables: the trainer's (non-fused) table optimizer
+        tables = {f"embeddings.{n}.{k}": p for n in ("ec", "ebc") if getattr(emb, n) is not None
+                  for k, p in getattr(emb, n).named_parameters()}
+    dense = pz.dense_named_parameters()
+    return combined_optimizer(dense, tables, cfg, pz.sparse_optimizer), list(dense.values())
+
+
+def combined_optimizer(dense: dict, tables: dict | None, cfg, sharded_tables=None):
+    """One torchrec `CombinedOptimizer`: "dense" (AdamW, fused: one kernel group, and it can skip a
+    non-finite step on the device) and "sparse" (torchrec's fused table optimizer of a sharded run, or,
+    for `tables` given, row-wise Adagrad / Adam over them after the gradient exchange)."""
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     o = cfg.optim
-    dense = pz.dense_named_parameters()
     opts = [("dense", KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
-        ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)))]
-    if pz.sparse_optimizer is not None:
-        opts.append(("sparse", pz.sparse_optimizer))
-    else:  # replicated tables: the trainer's (non-fused) table optimizer, after the gradient all-reduce
+        ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True)))]
+    if sharded_tables is not None:
+        opts.append(("sparse", sharded_tables))
+    elif tables:
         s = o.sparse
-        emb = pz.train_module.embeddings
-        tables = {f"embeddings.{n}.{k}": p for n in ("ec", "ebc") if getattr(emb, n) is not None
-                  for k, p in getattr(emb, n).named_parameters()}
         if s.name == "rowwise_adagrad":
             factory = lambda ps: RowWiseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         else:
-            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
+            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay, fused=True)
         opts.append(("sparse", KeyedOptimizerWrapper(tables, factory)))
-    return CombinedOptimizer(opts), list(dense.values())
+    return CombinedOptimizer(opts)
 
 
 class _StatefulIter:
@@ -168,6 +266,8 @@ class _StatefulIter:
         from train.data import real_events
 
         b = next(self.it)
+        if self.device.type != "cpu":  # per-key offsets as host lists (computed on the device, a sync per step)
+            b.sparse.offset_per_key()
         if self.transform is not None:
             b = self.transform(b)
         self.index += 1  # batches taken so far
@@ -271,7 +371,19 @@ def fit_distributed(tr) -> dict:
                           sparse_name=c.optim.sparse.name if pz.sparse_optimizer is not None else None)
         log(f"checkpoint: {path}")
 
-    win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, 0.0, 0, 0, 0.0
+    skips = SkipCounter()
+
+    def count_skips(wait: bool = False) -> None:  # the NaN guard's count, read a step or two late
+        for s in skips.poll(wait):
+            tr.skipped += 1
+            log(f"step {s}: non-finite gradients; update skipped ({tr.skipped} of at most "
+                f"{c.train.nan_guard_max}; sharded tables take their fused update in backward regardless)")
+            if tr.skipped >= c.train.nan_guard_max:
+                raise TrainingStopped(f"training stopped at step {tr.step}: {tr.skipped} non-finite steps, the "
+                                      f"last at step {s} (train.nan_guard_max={c.train.nan_guard_max})")
+
+    # the window's loss stays on the device (a float() per step would make the host wait for each step)
+    win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, None, 0, 0, 0.0
     tr.model.train()
     while tr.step < total:
         f = lr_factor(tr.step, c.optim.warmup_steps, total, c.optim.decay, c.optim.min_lr_ratio)
@@ -292,14 +404,9 @@ def fit_distributed(tr) -> dict:
         except StopIteration:
             log(f"the training data ran out after {tr.step} steps (data.epochs={c.data.epochs})")
             break
-        if not opt.last_ok:
-            tr.skipped += 1
-            log(f"step {tr.step + 1}: non-finite gradients; dense update skipped ({tr.skipped} of at most "
-                f"{c.train.nan_guard_max})")
-            if tr.skipped >= c.train.nan_guard_max:
-                raise TrainingStopped(f"training stopped at step {tr.step + 1}: {tr.skipped} non-finite steps "
-                                      f"(train.nan_guard_max={c.train.nan_guard_max})")
+        skips.push(tr.step + 1, opt.last_ok)
         tr.step += 1
+        count_skips()
         ledger.after_step(tr)
         n = int(out.logits.shape[0])
         tr.examples_seen += n
@@ -309,13 +416,15 @@ def fit_distributed(tr) -> dict:
         tr.padding += stats
         win_steps += 1
         win_examples += n
-        win_loss += float(out.loss)
+        win_loss = out.loss.detach().float() if win_loss is None else win_loss + out.loss.detach().float()
         dt = time.perf_counter() - t0
         win_step_s += dt
         tr.train_time += dt
         if tr.step % c.train.log_every == 0 or tr.step == total:
+            count_skips(wait=True)
             wall = time.perf_counter() - win_t0
-            loss_sum, ex_sum, ev_sum = tdist.all_reduce_sum([win_loss, float(win_examples), float(win_events)])
+            loss_sum, ex_sum, ev_sum = tdist.all_reduce_sum([float(win_loss) if win_loss is not None else 0.0,
+                                                             float(win_examples), float(win_events)])
             spread = tdist.step_time_spread(win_step_s / max(win_steps, 1))
             slowest = max(tdist.all_gather_floats(wall))
             rec: dict[str, Any] = {"kind": "train", "step": tr.step, "world_size": info.world_size,
@@ -328,9 +437,11 @@ def fit_distributed(tr) -> dict:
                 log(f"step {tr.step}: loss {rec['loss']:.4f}  {rec['examples_per_s']:,.0f} ex/s on "
                     f"{info.world_size} ranks  step {spread.mean_s * 1e3:.1f} ms (max {spread.max_s * 1e3:.1f}, "
                     f"slowest rank {int(rec['slowest_rank'])}, imbalance {spread.imbalance:.1%})")
-            win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, 0.0, 0, 0, 0.0
+            win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, None, 0, 0, 0.0
         if (every and tr.step % every == 0) or (tr.step == total and c.checkpoint.at_end):
+            count_skips(wait=True)  # the checkpoint's skipped count is exact
             save(tr.step)
+    count_skips(wait=True)
     if pipeline is not None:
         pipeline.detach()  # the sharded modules compute their own inputs again (evaluation, later use)
     last_eval = None

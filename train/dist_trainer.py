@@ -277,6 +277,22 @@ class _StatefulIter:
         return b if self.device.type == "cpu" else b.to(self.device, non_blocking=True)
 
 
+def count_skipped(tr, skips: SkipCounter, log, wait: bool = False) -> None:
+    """Adds the skipped steps whose flags have arrived to `tr.skipped`, logs each, and stops training
+    (`TrainingStopped`) once `train.nan_guard_max` is reached."""
+    from train.trainer import TrainingStopped
+
+    limit = tr.cfg.train.nan_guard_max
+    for s in skips.poll(wait):
+        tr.skipped += 1
+        log(f"step {s}: non-finite gradients; update skipped ({tr.skipped} of at most {limit}; sharded "
+            "tables take their fused update in backward regardless)")
+        if tr.skipped >= limit:
+            raise TrainingStopped(f"training stopped at step {tr.step}: {tr.skipped} non-finite steps, the last at "
+                                  f"step {s} (train.nan_guard_max={limit}); check the data for NaN/Inf values, "
+                                  "or lower optim.lr")
+
+
 def init_distributed(cfg) -> torch.device:
     """Joins the process group (the `distributed.timeout_s` of the run config); returns this rank's device."""
     from model.parallelize import ParallelConfig
@@ -297,7 +313,7 @@ def fit_distributed(tr) -> dict:
     from train import dist_checkpoint as dckpt
     from train import ledger
     from train.data import ensure_synthetic
-    from train.trainer import TrainingStopped, lr_factor
+    from train.trainer import lr_factor
 
     c = tr.cfg
     pcfg = ParallelConfig.from_dict(getattr(c, "distributed", None))
@@ -374,13 +390,7 @@ def fit_distributed(tr) -> dict:
     skips = SkipCounter()
 
     def count_skips(wait: bool = False) -> None:  # the NaN guard's count, read a step or two late
-        for s in skips.poll(wait):
-            tr.skipped += 1
-            log(f"step {s}: non-finite gradients; update skipped ({tr.skipped} of at most "
-                f"{c.train.nan_guard_max}; sharded tables take their fused update in backward regardless)")
-            if tr.skipped >= c.train.nan_guard_max:
-                raise TrainingStopped(f"training stopped at step {tr.step}: {tr.skipped} non-finite steps, the "
-                                      f"last at step {s} (train.nan_guard_max={c.train.nan_guard_max})")
+        count_skipped(tr, skips, log, wait)
 
     # the window's loss stays on the device (a float() per step would make the host wait for each step)
     win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, None, 0, 0, 0.0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TWO_RANK_CHECKS = "sharded,pipeline,moe_ep,ckpt_save,stuck_rank,dead_rank"  # dead_rank last: it breaks the group
+TWO_RANK_CHECKS = "sharded,pipeline,moe_ep,guard,ckpt_save,stuck_rank,dead_rank"  # dead_rank last: it breaks the group
 THREE_RANK_CHECKS = "sharded,moe_ep,ckpt_resume"
 
 

@@ -413,6 +413,52 @@ def check_ckpt_2d(info) -> dict:
     return {"written": written, "resumed": resumed, "fresh": fresh}
 
 
+def check_guard(info) -> dict:
+    """The distributed step's guard on replicated tables + DDP, device guard against host guard: three
+    steps (the second with a NaN in rank 0's inputs), clipping active. Per step: whether the touched rows
+    were marked at forward time (and equal the rows with a gradient), the flag, and how far every
+    parameter and the optimizers' step counts moved."""
+    from train.config import RunConfig
+    from train.dist_trainer import SkipCounter, _ClippedOptimizer, build_optimizer, global_grad_norm
+
+    schema = load_schema(SCHEMA)
+    tasks = list(schema.label_names)
+    cfg = RunConfig()
+    cfg.optim.lr, cfg.optim.sparse.lr = 0.05, 0.5
+    out: dict = {}
+    for mode in ("device", "host"):
+        pz = par.parallelize(fresh_model(schema), schema, par.ParallelConfig(sparse="replicate", dense="ddp"),
+                             info.device, batch_size=ROWS_PER_RANK, loss_tasks=tasks, log=lambda _m: None)
+        copt, dparams = build_optimizer(pz, cfg)
+        opt = _ClippedOptimizer(copt, dparams, 0.05, pz.replicated_sync, device_guard=mode == "device")
+        sync = pz.replicated_sync
+        skips = SkipCounter()
+        steps = []
+        for k, seed in enumerate((1, 2, 3)):
+            b = local_batch(schema, ROWS_PER_RANK, seed, info.rank, info.world_size)
+            if k == 1 and info.rank == 0:
+                b.dense[0, 0] = float("nan")
+            before = [p.detach().clone() for p in pz.model.parameters()]
+            opt.zero_grad(set_to_none=True)
+            loss, _ = pz.model(b)
+            marked = bool(sync._pending)
+            loss.backward()
+            masks = [m.clone() for m in sync._masks] if marked else []
+            rows_match = all(bool((m == p.grad.view(p.shape[0], -1).ne(0).any(1)).all())
+                             for m, p in zip(masks, sync.params) if p.grad is not None) if marked else None
+            norm = float(global_grad_norm([p.grad for p in dparams if p.grad is not None], dparams))
+            opt.step()
+            skips.push(k + 1, opt.last_ok)
+            moved = max(float((p.detach() - q).abs().max()) for p, q in zip(pz.model.parameters(), before))
+            adam_steps = sorted({float(st["step"]) for st in copt.optimizers[0][1]._optimizer.state.values()})
+            steps.append({"ok": bool(opt.last_ok), "norm": norm, "marked_at_forward": marked, "marked_rows_match": rows_match,
+                          "moved": moved, "adam_steps": adam_steps})
+        out[mode] = {"device_guard": opt.device_guard, "steps": steps, "skipped": skips.poll(wait=True),
+                     "params": [p.detach().clone() for p in pz.model.parameters()]}
+    diff = max(float((p - q).abs().max()) for p, q in zip(out["device"].pop("params"), out["host"].pop("params")))
+    return {**out, "device_vs_host_max_diff": diff}
+
+
 def check_stuck_rank(info) -> dict:
     """The last rank stays alive but skips a collective: the others fail at the group's timeout."""
     import datetime
@@ -453,7 +499,7 @@ def check_dead_rank(info) -> dict:
 
 
 CHECKS = {"sharded": check_sharded, "sharded_2d": check_sharded_2d, "ckpt_2d": check_ckpt_2d, "pipeline": check_pipeline, "moe_ep": check_moe_ep,
-          "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "stuck_rank": check_stuck_rank,
+          "guard": check_guard, "ckpt_save": check_ckpt_save, "ckpt_resume": check_ckpt_resume, "stuck_rank": check_stuck_rank,
           "dead_rank": check_dead_rank}
 
 

@@ -41,10 +41,18 @@ def offsets_of(lens: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
 
 
-def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timed runs."""
+def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2, warm_ms: float = 150.0) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timed runs.
+
+    Warm-up: ``warmup`` runs and at least ``warm_ms`` of wall time, so the GPU's clock is back up after
+    a pause (a compile) before timing starts.
+    """
+    t_end = time.perf_counter() + warm_ms / 1e3
     for _ in range(warmup):
         fn()
+    while time.perf_counter() < t_end:
+        fn()
+        torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

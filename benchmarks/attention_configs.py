@@ -30,12 +30,12 @@ from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
 
 BATCHES = {"A": (64, 4096, 8, 128), "B": (256, 1024, 4, 64), "tiny": (4, 96, 2, 32)}
 # (outer tile, inner tile, warps, stages): forward and dq loop over KV under a query tile, dk/dv over Q.
-FWD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3),
-       (128, 64, 8, 4), (128, 32, 4, 3)]
-DKDV = [(64, 32, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2),
-        (64, 32, 4, 3), (64, 64, 4, 3)]
-DQ = [(128, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3),
-      (128, 32, 8, 2)]
+FWD = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 3), (128, 32, 8, 4),
+       (64, 64, 4, 3), (64, 128, 4, 3)]
+DKDV = [(64, 32, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (128, 64, 4, 2),
+        (128, 64, 8, 2), (64, 32, 4, 3)]
+DQ = [(128, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2),
+      (64, 128, 4, 2), (128, 128, 8, 2)]
 KERNELS = {"fwd": (jagged_attn_fwd_kernel, "BLOCK_N", "tile_q"),
            "dkdv": (jagged_attn_bwd_dkdv_kernel, "BLOCK_M", "tile_kv"),
            "dq": (jagged_attn_bwd_dq_kernel, "BLOCK_N", "tile_q_bwd")}
@@ -47,10 +47,18 @@ def lengths(batch: int, max_len: int, seed: int = 0) -> torch.Tensor:
     return x.clamp(16, max_len).to(torch.int64)
 
 
-def timed(fn: Callable[[], object], reps: int) -> float:
-    """Median ms of ``fn`` (CUDA events; wall clock on CPU)."""
+def timed(fn: Callable[[], object], reps: int, warm_ms: float = 150.0) -> float:
+    """Median ms of ``fn`` (CUDA events; wall clock on CPU).
+
+    Warm-up runs for ``warm_ms`` of wall time first: after a pause (a compile) the GPU's clock needs
+    that long to come back up, and a few short runs would time the ramp instead of the kernel.
+    """
+    t_end = time.perf_counter() + warm_ms / 1e3
     fn()
-    fn()
+    while time.perf_counter() < t_end:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         if torch.cuda.is_available():
@@ -116,7 +124,8 @@ def sweep(name: str, quick: bool, reps: int) -> list[str]:
     def fwd(causal: bool):
         return torch.ops.gemtrain.jagged_attn_fwd(q, k, v, offs, offs, None, None, None, None, None, *args(causal))
 
-    def run(causal: bool, kernel: str, choice: dict, tma: str) -> None:
+    def run(causal: bool, kernel: str, choice: dict, tma: str) -> tuple[float, float]:
+        t_f = t_b = math.inf
         try:
             with pinned(choice, tma):
                 out, lse = fwd(causal)
@@ -129,18 +138,26 @@ def sweep(name: str, quick: bool, reps: int) -> list[str]:
         cfg = choice.get(kernel)
         rows.append(f"| {'causal' if causal else 'full'} | {kernel} | {cfg or 'shipped'} | {tma} | {res} |")
         print(rows[-1], flush=True)
+        return t_f, t_b
 
+    lists = {"fwd": FWD, "dkdv": DKDV, "dq": DQ}
+    best: dict[str, list] = {}
     for causal in (True, False):
         for tma in ("0", "1"):
             run(causal, "all", {}, tma)
-        if quick or not causal:
+        if quick:
             continue
-        for cfg in FWD:
-            run(causal, "fwd", {"fwd": cfg}, "1")
-        for cfg in DKDV:
-            run(causal, "dkdv", {"dkdv": cfg}, "1")
-        for cfg in DQ:
-            run(causal, "dq", {"dq": cfg}, "1")
+        for kernel, configs in lists.items():
+            # causal: every configuration; full: the two best of the causal sweep
+            todo = configs if causal else best[kernel][:2]
+            scored = []
+            for cfg in todo:
+                for tma in ("0", "1"):
+                    t_f, t_b = run(causal, kernel, {kernel: cfg}, tma)
+                    scored.append((t_f if kernel == "fwd" else t_b, cfg))
+            if causal:
+                best[kernel] = [cfg for _, cfg in sorted(scored, key=lambda x: x[0])]
+                best[kernel] = list(dict.fromkeys(best[kernel]))
     return rows
 
 

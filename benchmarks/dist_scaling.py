@@ -23,8 +23,11 @@ host after backward):
    fsdp_keep (the same, `reshard_after_forward: false`), ddp (torch DDP, bucketed all-reduce during
    backward), ddp_bf16 (the same with gradients and table rows sent as bf16, `reduce_dtype: bf16`), with the
    distributed trainer's optimizer wrapper (`_ClippedOptimizer`).
-Examples/s = global examples / the slowest rank's step time; scaling ratio = (N-GPU examples/s) /
-(N x 1-GPU examples/s) of the same split. Communication share: 3 more steps under the profiler;
+All layouts of a split are built first and kept; after warm-up each is timed for `--steps` steps in
+turn, `--reps` turns, so drift of the machine (clocks, the other GPU) falls on every layout alike.
+Per turn: the 1-GPU step time is the mean of the ranks' (each alone), the N-GPU time the slowest
+rank's; examples/s = examples / the median over turns; scaling ratio = the median over turns of
+(1-GPU time / N-GPU time) of the same split and guard, with its range. Communication share: 3 more steps under the profiler;
 NCCL kernel time not overlapped by any compute kernel over the profiled wall time ("exposed"), and
 all NCCL kernel time ("total"); "GPU busy": the share of that wall time in which any kernel ran on
 rank 0 (the rest: the GPU waiting for the host). Batches are resident on the GPU: the loader is not timed.
@@ -151,6 +154,43 @@ def _profile(step, batches, dev) -> tuple[float, object]:
     return tp, prof
 
 
+def _kernel_us(prof, steps: int = 3) -> dict[str, float]:
+    """GPU time per step of each kernel name (microseconds), over the profiled steps."""
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.elapsed_us() > 0:
+            out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
+    return out
+
+
+def _sync_sites(step, batch, dev) -> dict[str, int]:
+    """Where one step makes the host wait for the GPU: the calls that `torch.cuda.set_sync_debug_mode`
+    warns about, by the innermost frames of this repository (ops run by backward's thread have none)."""
+    import collections
+    import traceback
+    import warnings
+
+    sites: collections.Counter = collections.Counter()
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if f.filename.startswith(str(REPO)) and "site-packages" not in f.filename]
+        where = " < ".join(f"{Path(f.filename).relative_to(REPO)}:{f.lineno}" for f in frames[-3:][::-1])
+        sites[f"{where or Path(filename).name + ':' + str(lineno)} | {str(message)[:50]}"] += 1
+
+    _sync(dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(batch)
+            _sync(dev)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return dict(sites)
+
+
 def _guarded_step(model_loss, opt, dev, autocast: bool):
     """The trainer's step: zero_grad, forward + loss, backward, the clipped / NaN-guarded optimizer step,
     and the NaN guard's flag pushed and polled as the distributed loop does (`SkipCounter`)."""
@@ -173,13 +213,12 @@ def _guarded_step(model_loss, opt, dev, autocast: bool):
     return step
 
 
-def _single_gpu(schema, cfg, tasks, batches, dev, autocast: bool, warmup: int, steps: int,
-                guard: str) -> tuple[float, float, dict]:
-    """The single-GPU step (plain model) with the distributed step's optimizers and guard code
-    (`_ClippedOptimizer` on this process's gradients: fused AdamW, row-wise Adagrad on the tables);
-    -> (timed seconds, first step seconds, profile figures)."""
+def _single_gpu(schema, cfg, tasks, dev, autocast: bool, guard: str, alone):
+    """The single-GPU step (plain model) with the distributed step's loss, optimizers and guard code
+    (`make_loss_fn` over a one-rank group, so no collective; `_ClippedOptimizer` on this process's
+    gradients: fused AdamW, row-wise Adagrad on the tables); -> (step, None)."""
     from model import build_model
-    from model.losses import multitask_loss
+    from model.parallelize import make_loss_fn
     from train.dist_trainer import _ClippedOptimizer, combined_optimizer
     from train.trainer import split_params
 
@@ -188,23 +227,8 @@ def _single_gpu(schema, cfg, tasks, batches, dev, autocast: bool, warmup: int, s
     dense, tables = split_params(model)
     opt = _ClippedOptimizer(combined_optimizer(dense, tables, cfg), list(dense.values()), cfg.optim.clip_grad_norm,
                             distributed=False, device_guard=guard == "device")
-
-    def model_loss(b):
-        out = model(b)
-        loss, _ = multitask_loss(out.logits.float(), b.labels, b.label_mask, b.weights, tasks)
-        return loss + out.aux_loss.float()
-
-    step = _guarded_step(model_loss, opt, dev, autocast)
-    t0 = time.perf_counter()
-    step(batches[0])
-    _sync(dev)
-    first = time.perf_counter() - t0
-    t = _time_steps(step, batches, warmup, steps, dev)
-    prof_res = {}
-    if dev.type == "cuda":
-        tp, prof = _profile(step, batches, dev)
-        prof_res = {"profiled_s": tp, "gpu_busy_s": _busy(prof)}
-    return t, first, prof_res
+    loss_fn = make_loss_fn(tasks, group=alone)
+    return _guarded_step(lambda b: loss_fn(model(b), b)[0], opt, dev, autocast), None
 
 
 def _link_probe(dev, sizes_mb=(1, 8, 32)) -> list[dict]:
@@ -239,9 +263,8 @@ DENSE = {"fsdp": {"dense": "fsdp"}, "fsdp_keep": {"dense": "fsdp", "reshard_afte
          "ddp": {"dense": "ddp"}, "ddp_bf16": {"dense": "ddp", "reduce_dtype": "bf16"}}
 
 
-def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str, guard: str, a, info,
-                   profile_table: bool) -> dict:
-    """The distributed trainer's step under `parallelize` (tables replicated); -> timings of this rank.
+def _data_parallel(schema, cfg, tasks, dev, autocast: bool, dense: str, guard: str):
+    """The distributed trainer's step under `parallelize` (tables replicated); -> (step, Parallelized).
     guard "host": the earlier step (rows marked by any() over the table gradients, counts and the
     gradient norm read on the host after backward, the update skipped on the host)."""
     from model import build_model
@@ -257,18 +280,49 @@ def _data_parallel(schema, cfg, tasks, batches, dev, autocast: bool, dense: str,
     pz.replicated_sync.mark_at_forward = guard == "device"
     opt = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync,
                             device_guard=guard == "device")
-    step = _guarded_step(lambda b: pz.model(b)[0], opt, dev, autocast)
-    t = _time_steps(step, batches, a.warmup, a.steps, dev) / a.steps
-    res = {"step_s": t, "device_guard": opt.device_guard}
-    if dev.type == "cuda":
-        tp, prof = _profile(step, batches, dev)
-        exposed, total = _exposed_comm(prof)
-        if profile_table and info.is_main:
-            print(f"# profile of 3 steps, rank 0, dense {dense}, guard {guard}")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-        res.update(profiled_s=tp, comm_exposed_s=exposed, comm_total_s=total, gpu_busy_s=_busy(prof),
-                   sparse_rows_sent=pz.replicated_sync.rows_sent, sparse_rows_received=pz.replicated_sync.rows_received)
-    return res  # the model goes with this frame; the caller frees the memory
+    if guard == "device" and not opt.device_guard:
+        raise RuntimeError("the device guard fell back to the host guard (an optimizer cannot skip on the device)")
+    return _guarded_step(lambda b: pz.model(b)[0], opt, dev, autocast), pz
+
+
+def _profiled(step, batches, dev, pz, label: str, info, profile_table: bool) -> dict:
+    """3 profiled steps and one step under the sync debug mode (rank 0 prints the kernel table if asked)."""
+    if dev.type != "cuda":
+        return {}
+    tp, prof = _profile(step, batches, dev)
+    exposed, total = _exposed_comm(prof)
+    if profile_table and info.is_main:
+        print(f"# profile of 3 steps, rank 0, {label}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    res = {"profiled_s": tp, "comm_exposed_s": exposed, "comm_total_s": total, "gpu_busy_s": _busy(prof),
+           "kernels_us": _kernel_us(prof), "sync_sites": _sync_sites(step, batches[0], dev)}
+    if pz is not None:
+        res.update(sparse_rows_sent=pz.replicated_sync.rows_sent, sparse_rows_received=pz.replicated_sync.rows_received)
+    return res
+
+
+def _print_diagnosis(rows: list[dict], top: int = 12) -> None:
+    """Per N-GPU row: the kernels with the largest GPU time per step above the 1-GPU row of the same split
+    and guard, and the host-wait sites of both."""
+    for r in rows:
+        if r["gpus"] == 1 or "kernels_us" not in r:
+            continue
+        one = next((x for x in rows if x["gpus"] == 1 and x["split"] == r["split"] and x["guard"] == r["guard"]), None)
+        if one is None or "kernels_us" not in one:
+            continue
+        k1, k2 = one["kernels_us"], r["kernels_us"]
+        diff = sorted(((k2.get(k, 0.0) - k1.get(k, 0.0), k) for k in set(k1) | set(k2)), reverse=True)
+        print(f"# {r['split']} {r['dense']} guard {r['guard']}: GPU ms/step {sum(k2.values()) / 1e3:.1f} "
+              f"(1 GPU {sum(k1.values()) / 1e3:.1f}); kernels with the most extra time (ms/step, N GPU - 1 GPU):")
+        for d, k in diff[:top]:
+            print(f"#   {d / 1e3:+7.2f}  ({k2.get(k, 0.0) / 1e3:6.2f} vs {k1.get(k, 0.0) / 1e3:6.2f})  {k[:90]}")
+        for d, k in diff[-4:]:
+            print(f"#   {d / 1e3:+7.2f}  ({k2.get(k, 0.0) / 1e3:6.2f} vs {k1.get(k, 0.0) / 1e3:6.2f})  {k[:90]}")
+        for name, x in (("1 GPU", one), (f"{r['gpus']} GPU", r)):
+            sites = x.get("sync_sites", {})
+            print(f"# host waits in one {name} step ({r['guard']} guard): {sum(sites.values())}")
+            for site, n in sorted(sites.items(), key=lambda kv: -kv[1])[:8]:
+                print(f"#   {n:3d} x {site}")
 
 
 def _free(dev) -> None:
@@ -284,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(REPO / "configs" / "gem_medium.yaml"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="turns: every layout timed --steps steps, in turn, this often")
     ap.add_argument("--batches", type=int, default=3, help="distinct global batches, cycled")
     ap.add_argument("--dense", default="fsdp,ddp", help="comma-separated: " + ", ".join(DENSE))
     ap.add_argument("--splits", default="contiguous,balanced", help="comma-separated: contiguous, balanced")
@@ -291,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(the earlier step: touched rows and gradient norm read on the host after backward)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default="")
+    ap.add_argument("--diagnose", action="store_true", help="rank 0 prints where the N-GPU step's extra GPU "
+                    "time goes (kernels, against the 1-GPU step) and where each step makes the host wait")
     ap.add_argument("--kernel-table", action="store_true", help="rank 0 prints each profiled layout's top kernels")
     a, overrides = ap.parse_known_args(argv)
     denses = [d for d in a.dense.split(",") if d]
@@ -329,53 +386,72 @@ def main(argv: list[str] | None = None) -> int:
     def pct(r: dict, key: str) -> str:
         return f"{100 * r[key] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
 
+    import statistics
+
+    alone = None  # this rank's one-rank group: the baseline's loss takes no collective
+    for r in range(n):
+        g = dist.new_group([r]) if n > 1 else None
+        if r == info.rank:
+            alone = g
     for how in splits:
         batches = _batches(schema, tables, n, info.rank, how, dev)
         events = sum(int(b.seq_offsets[s.name][-1]) for b in batches for s in schema.sequences) / len(batches)
         evs = tdist.all_gather_floats(events)
         ev_text = " / ".join(f"{e / 1e3:.1f}k" for e in evs)
+        layouts = []  # (gpus, dense, guard, step, pz); kept alive together, timed in turns
         for guard in guards:
-            t1, t_first, p1 = _single_gpu(schema, cfg, tasks, batches, dev, autocast, a.warmup, a.steps, guard)
-            t1 /= a.steps
-            _free(dev)
-            print(f"rank {info.rank} [{how}, guard {guard}]: 1 GPU alone: {1e3 * t1:.1f} ms/step (first step "
-                  f"{t_first:.1f} s, {events:,.0f} events/batch)", flush=True)
-            ones = tdist.all_gather_floats(t1)
-            one_rate = bsz / (sum(ones) / n)
-            res["rows"].append({"gpus": 1, "split": how, "guard": guard, "step_s_per_rank": ones,
-                                "events_per_rank": evs, "examples_per_s": one_rate, **p1})
-            lines.append(f"| 1 | {how} | - | {guard} | {1e3 * sum(ones) / n:.1f} "
-                         f"| {' / '.join(f'{1e3 * x:.1f}' for x in ones)} | {ev_text} | {one_rate:,.0f} | 1.00 "
-                         f"| {pct(p1, 'gpu_busy_s')} | - | - |")
-            if n == 1:
-                continue
-            for dense in denses:
-                dist.barrier()
-                r = _data_parallel(schema, cfg, tasks, batches, dev, autocast, dense, guard, a, info, a.kernel_table)
-                _free(dev)
-                steps = tdist.all_gather_floats(r["step_s"])
-                dp = max(steps)
-                rate = n * bsz / dp
-                row = {"gpus": n, "split": how, "dense": dense, "guard": guard, "step_s_per_rank": steps,
-                       "examples_per_s": rate, "scaling_ratio": rate / (n * one_rate),
-                       **{k: v for k, v in r.items() if k != "step_s"}}
-                res["rows"].append(row)
-                lines.append(f"| {n} | {how} | {dense} | {guard}{'' if r['device_guard'] or guard == 'host' else '*'} "
-                             f"| {1e3 * dp:.1f} | {' / '.join(f'{1e3 * x:.1f}' for x in steps)} | {ev_text} "
-                             f"| {rate:,.0f} | {row['scaling_ratio']:.3f} | {pct(r, 'gpu_busy_s')} "
-                             f"| {pct(r, 'comm_exposed_s')} | {pct(r, 'comm_total_s')} |")
-        del batches
+            layouts.append((1, "-", guard, *_single_gpu(schema, cfg, tasks, dev, autocast, guard, alone)))
+            if n > 1:
+                layouts += [(n, d, guard, *_data_parallel(schema, cfg, tasks, dev, autocast, d, guard)) for d in denses]
+        times: list[list[float]] = [[] for _ in layouts]
+        for _g, _d, _gu, step, _pz in layouts:  # warm-up (compiles, allocator)
+            for k in range(a.warmup):
+                step(batches[k % len(batches)])
+            _sync(dev)
+        for _rep in range(a.reps):  # turns: drift of the machine spreads over every layout alike
+            for i, (_g, _d, _gu, step, _pz) in enumerate(layouts):
+                if n > 1:
+                    dist.barrier()
+                times[i].append(_time_steps(step, batches, 0, a.steps, dev) / a.steps)
+        per_rank = [[tdist.all_gather_floats(t) for t in ts] for ts in times]  # [layout][rep][rank]
+        for i, (gpus, dense, guard, step, pz) in enumerate(layouts):
+            label = f"{how}, {'1 GPU' if gpus == 1 else dense}, guard {guard}"
+            prof = _profiled(step, batches, dev, pz, label, info, a.kernel_table)
+            one_i = next(j for j, x in enumerate(layouts) if x[0] == 1 and x[2] == guard)
+            # per turn: 1 GPU = the mean of the ranks (each alone), N GPU = the slowest rank
+            t_rep = [sum(r) / n if gpus == 1 else max(r) for r in per_rank[i]]
+            one_rep = [sum(r) / n for r in per_rank[one_i]]
+            ratios = [o / t for o, t in zip(one_rep, t_rep)]
+            t_med = statistics.median(t_rep)
+            ranks = [statistics.median(r[k] for r in per_rank[i]) for k in range(n)]
+            rate = gpus * bsz / t_med
+            row = {"gpus": gpus, "split": how, "dense": dense, "guard": guard, "step_s_per_rank": ranks,
+                   "step_s_turns": t_rep, "events_per_rank": evs, "examples_per_s": rate,
+                   "scaling_ratio": statistics.median(ratios), "ratio_turns": ratios, **prof}
+            res["rows"].append(row)
+            spread = f" ({min(ratios):.3f}-{max(ratios):.3f})" if gpus > 1 and len(ratios) > 1 else ""
+            ratio_text = "1.00" if gpus == 1 else f"{row['scaling_ratio']:.3f}"
+            comm = "| - | - " if gpus == 1 else f"| {pct(prof, 'comm_exposed_s')} | {pct(prof, 'comm_total_s')} "
+            lines.append(f"| {gpus} | {how} | {dense} | {guard} | {1e3 * t_med:.1f} "
+                         f"| {' / '.join(f'{1e3 * x:.1f}' for x in ranks)} | {ev_text} | {rate:,.0f} "
+                         f"| {ratio_text}{spread} "
+                         f"| {pct(prof, 'gpu_busy_s')} {comm}|")
+        del layouts, batches
         _free(dev)
     if info.is_main:
         head = [f"# weak scaling, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
                 f"torch {torch.__version__}, {Path(a.config).name}, batch {bsz}/GPU, bf16={autocast}, "
-                f"{a.steps} timed steps after {a.warmup}, {a.batches} global batches cycled; comm share of rank 0",
-                "| GPUs | split | dense | guard | step ms (slowest rank) | step ms per rank | events/batch per rank "
+                f"{a.reps} turns of {a.steps} timed steps after {a.warmup}, {a.batches} global batches cycled; "
+                "step ms: median over turns of the ranks' mean (1 GPU) or the slowest rank (N GPU); ratio: median "
+                "over turns (range); GPU busy and comm shares: rank 0, 3 profiled steps",
+                "| GPUs | split | dense | guard | step ms | step ms per rank | events/batch per rank "
                 "| examples/s | scaling ratio | GPU busy | comm exposed | comm total |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         if lines_link:
             head.insert(1, f"# link (busbw): {lines_link}")
         print("\n".join(head + lines), flush=True)
+        if a.diagnose:
+            _print_diagnosis(res["rows"])
         res["table"] = head + lines
         if a.out:
             Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

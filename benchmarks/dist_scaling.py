@@ -30,7 +30,8 @@ rank's; examples/s = examples / the median over turns; scaling ratio = the media
 (1-GPU time / N-GPU time) of the same split and guard, with its range. Communication share: 3 more steps under the profiler;
 NCCL kernel time not overlapped by any compute kernel over the profiled wall time ("exposed"), and
 all NCCL kernel time ("total"); "GPU busy": the share of that wall time in which any kernel ran on
-rank 0 (the rest: the GPU waiting for the host). Batches are resident on the GPU: the loader is not timed.
+rank 0 (the rest: the GPU waiting for the host); "host issue ms": the host's time to issue one step
+from an idle GPU (rank 0, median of 3; near the step time: the host, not the GPU, sets the pace). Batches are resident on the GPU: the loader is not timed.
 Rank 0 prints one table and writes it to --out (JSON).
 """
 
@@ -289,13 +290,22 @@ def _profiled(step, batches, dev, pz, label: str, info, profile_table: bool) -> 
     """3 profiled steps and one step under the sync debug mode (rank 0 prints the kernel table if asked)."""
     if dev.type != "cuda":
         return {}
+    host, full = [], []
+    for i in range(3):  # from an idle GPU: the host's time to issue a step, and the step's time to finish
+        _sync(dev)
+        t0 = time.perf_counter()
+        step(batches[i % len(batches)])
+        host.append(time.perf_counter() - t0)
+        _sync(dev)
+        full.append(time.perf_counter() - t0)
     tp, prof = _profile(step, batches, dev)
     exposed, total = _exposed_comm(prof)
     if profile_table and info.is_main:
         print(f"# profile of 3 steps, rank 0, {label}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
     res = {"profiled_s": tp, "comm_exposed_s": exposed, "comm_total_s": total, "gpu_busy_s": _busy(prof),
-           "kernels_us": _kernel_us(prof), "sync_sites": _sync_sites(step, batches[0], dev)}
+           "kernels_us": _kernel_us(prof), "sync_sites": _sync_sites(step, batches[0], dev),
+           "host_issue_s": sorted(host)[1], "isolated_step_s": sorted(full)[1]}
     if pz is not None:
         res.update(sparse_rows_sent=pz.replicated_sync.rows_sent, sparse_rows_received=pz.replicated_sync.rows_received)
     return res
@@ -386,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     def pct(r: dict, key: str) -> str:
         return f"{100 * r[key] / r['profiled_s']:.1f}%" if "profiled_s" in r else "n/a"
 
+    def ms(r: dict, key: str) -> str:
+        return f"{1e3 * r[key]:.1f}" if key in r else "n/a"
+
     import statistics
 
     alone = None  # this rank's one-rank group: the baseline's loss takes no collective
@@ -435,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {gpus} | {how} | {dense} | {guard} | {1e3 * t_med:.1f} "
                          f"| {' / '.join(f'{1e3 * x:.1f}' for x in ranks)} | {ev_text} | {rate:,.0f} "
                          f"| {ratio_text}{spread} "
-                         f"| {pct(prof, 'gpu_busy_s')} {comm}|")
+                         f"| {pct(prof, 'gpu_busy_s')} | {ms(prof, 'host_issue_s')} {comm}|")
         del layouts, batches
         _free(dev)
     if info.is_main:
@@ -445,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                 "step ms: median over turns of the ranks' mean (1 GPU) or the slowest rank (N GPU); ratio: median "
                 "over turns (range); GPU busy and comm shares: rank 0, 3 profiled steps",
                 "| GPUs | split | dense | guard | step ms | step ms per rank | events/batch per rank "
-                "| examples/s | scaling ratio | GPU busy | comm exposed | comm total |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| examples/s | scaling ratio | GPU busy | host issue ms | comm exposed | comm total |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         if lines_link:
             head.insert(1, f"# link (busbw): {lines_link}")
         print("\n".join(head + lines), flush=True)

@@ -47,7 +47,7 @@ def lengths(batch: int, max_len: int, seed: int = 0) -> torch.Tensor:
     return x.clamp(16, max_len).to(torch.int64)
 
 
-def timed(fn: Callable[[], object], reps: int, warm_ms: float = 150.0) -> float:
+def timed(fn: Callable[[], object], reps: int, warm_ms: float = 500.0) -> float:
     """Median ms of ``fn`` (CUDA events; wall clock on CPU).
 
     Warm-up runs for ``warm_ms`` of wall time first: after a pause (a compile) the GPU's clock needs
@@ -104,7 +104,7 @@ def pinned(choice: dict[str, tuple[int, int, int, int]], tma: str) -> Iterator[N
             kern.configs, kern.cache = saved[name][0], {}
 
 
-def sweep(name: str, quick: bool, reps: int) -> list[str]:
+def sweep(name: str, quick: bool, reps: int, lists: dict[str, list] | None = None) -> list[str]:
     B, max_len, H, D = BATCHES[name]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -140,7 +140,7 @@ def sweep(name: str, quick: bool, reps: int) -> list[str]:
         print(rows[-1], flush=True)
         return t_f, t_b
 
-    lists = {"fwd": FWD, "dkdv": DKDV, "dq": DQ}
+    lists = {"fwd": FWD, "dkdv": DKDV, "dq": DQ, **(lists or {})}
     best: dict[str, list] = {}
     for causal in (True, False):
         for tma in ("0", "1"):
@@ -166,8 +166,13 @@ def main() -> None:
     ap.add_argument("batch", choices=sorted(BATCHES))
     ap.add_argument("--quick", action="store_true", help="only the shipped configuration, descriptors off/on")
     ap.add_argument("--reps", type=int, default=10)
+    for kernel in ("fwd", "dkdv", "dq"):
+        ap.add_argument(f"--{kernel}", help=f"{kernel} configurations to try instead of the built-in list, "
+                        "'outer,inner,warps,stages;...'")
     a = ap.parse_args()
-    rows = sweep(a.batch, a.quick, a.reps)
+    lists = {kernel: [tuple(int(x) for x in c.split(",")) for c in getattr(a, kernel).split(";")]
+             for kernel in ("fwd", "dkdv", "dq") if getattr(a, kernel)}
+    rows = sweep(a.batch, a.quick, a.reps, lists)
     print("\n".join(rows))
 
 

@@ -64,7 +64,7 @@ class _ClippedOptimizer:
         self.distributed = distributed
         self.last_ok: bool | torch.Tensor = True
         self.param_groups = opt.param_groups
-        self._skippers: list[torch.optim.Optimizer] = []  # take `found_inf` (fused Adam / AdamW)
+        self._skippers: list[tuple[torch.optim.Optimizer, Any]] = []  # take `found_inf` (fused Adam / AdamW)
         self.device_guard = device_guard and self._find_skippers()
 
     def _find_skippers(self) -> bool:
@@ -72,7 +72,10 @@ class _ClippedOptimizer:
         for name, o in getattr(self.opt, "optimizers", [("dense", self.opt)]):
             inner = getattr(o, "_optimizer", o)
             if isinstance(inner, torch.optim.Optimizer) and all(g.get("fused") for g in inner.param_groups):
-                self._skippers.append(inner)
+                meshes = {getattr(p, "device_mesh", None) for g in inner.param_groups for p in g["params"]}
+                if len(meshes) > 1:  # DTensor (FSDP2) and plain parameters in one kernel: no one found_inf fits
+                    return False
+                self._skippers.append((inner, meshes.pop() if meshes else None))
             elif name == "sparse" and self.sync is None:
                 continue  # sharded tables: torchrec's fused update ran in backward
             elif name == "sparse" and all(g.get("weight_decay", 0) == 0 and g.get("lr_decay", 0) == 0
@@ -108,9 +111,12 @@ class _ClippedOptimizer:
             if self.sync is not None:
                 self.sync.sync(ok)
             if ok is not None:
+                from torch.distributed.tensor import DTensor, Replicate
+
                 found = (~ok).float()
-                for o in self._skippers:
-                    o.grad_scale, o.found_inf = None, found
+                for o, mesh in self._skippers:  # FSDP2's DTensor parameters take a replicated DTensor flag
+                    o.grad_scale, o.found_inf = None, found if mesh is None else DTensor.from_local(
+                        found, mesh, [Replicate()] * mesh.ndim, run_check=False)
             self.opt.step()
             self.last_ok = ok if ok is not None else True
         else:
@@ -121,8 +127,6 @@ class _ClippedOptimizer:
                 self.sync.finish(counts)
             if ok and self.clip > 0 and n > self.clip:
                 torch._foreach_mul_(self._local(grads), self.clip / (n + 1e-6))
-            for o in self._skippers:
-                o.found_inf = None
             self.last_ok = ok
             if ok:
                 self.opt.step()
@@ -136,7 +140,7 @@ class _ClippedOptimizer:
         self.opt.load_state_dict(sd)
 
     def init_state(self) -> None:
-        for o in self._skippers:  # torchrec steps once on zero gradients to create the state
+        for o, _mesh in self._skippers:  # torchrec steps once on zero gradients to create the state
             o.found_inf = None
         self.opt.init_state()
 
@@ -227,15 +231,18 @@ def build_optimizer(pz, cfg):
 
 
 def combined_optimizer(dense: dict, tables: dict | None, cfg, sharded_tables=None):
-    """One torchrec `CombinedOptimizer`: "dense" (AdamW, fused: one kernel group, and it can skip a
-    non-finite step on the device) and "sparse" (torchrec's fused table optimizer of a sharded run, or,
+    """One torchrec `CombinedOptimizer`: "dense" (AdamW, fused where the parameters allow: one kernel
+    group, and it can skip a non-finite step on the device) and "sparse" (torchrec's fused table optimizer of a sharded run, or,
     for `tables` given, row-wise Adagrad / Adam over them after the gradient exchange)."""
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     o = cfg.optim
+    # the fused kernel takes one kind of tensor: FSDP2's DTensors on one mesh, or plain tensors (a mix, as
+    # FSDP2 blocks beside expert-parallel experts, keeps the foreach AdamW and the host guard)
+    fused = len({getattr(p, "device_mesh", None) for p in dense.values()}) <= 1
     opts = [("dense", KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
-        ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=True)))]
+        ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=fused or None)))]
     if sharded_tables is not None:
         opts.append(("sparse", sharded_tables))
     elif tables:

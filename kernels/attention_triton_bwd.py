@@ -15,16 +15,15 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
-    AUTOTUNE,
-    INTERPRET,
     LOG2E,
     act_fwd_bwd,
     add_table_grad,
+    config_prune,
     descriptor_hook,
+    kernel_configs,
     kv_range,
     pos_bucket,
     q_range,
-    smem_prune,
     stream_tile,
     time_bucket,
     unmasked_kv_end,
@@ -35,16 +34,17 @@ from kernels.attention_triton_common import (
 _KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"]
 
 
+# (inner tile, warps, stages) by head dim (outer tiles: ``attention_op._plan``); measured on an H200 with
+# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Configuration sweep").
+DKDV_DEFAULTS = {64: (32, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
+DQ_DEFAULTS = {128: (64, 4, 2), 256: (32, 4, 2)}
+CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
+
+
 def _configs(name: str) -> list[triton.Config]:
-    inner = "BLOCK_M" if name == "dkdv" else "BLOCK_N"
-    hook = descriptor_hook("BLOCK_M", "QD", "DOD") if name == "dkdv" else descriptor_hook("BLOCK_N", "KD", "VD")
-    if INTERPRET:
-        return [triton.Config({inner: 32}, num_warps=4, num_stages=1, pre_hook=hook)]
-    configs = [
-        triton.Config({inner: b}, num_warps=w, num_stages=2, pre_hook=hook)
-        for b, w in ((32, 4), (64, 8), (32, 8), (64, 4))
-    ]
-    return configs if AUTOTUNE else configs[:1]
+    if name == "dkdv":
+        return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_M", "QD", "DOD"))
+    return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD"))
 
 
 @triton.jit
@@ -165,7 +165,7 @@ def _dq_tile(
 
 
 @triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"],
-                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_M", "BLOCK_N")})
+                 prune_configs_by={"early_config_prune": config_prune("BLOCK_M", "BLOCK_N")})
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
     Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
@@ -253,7 +253,7 @@ def jagged_attn_bwd_dkdv_kernel(
 
 
 @triton.autotune(configs=_configs("dq"), key=_KEY,
-                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
+                 prune_configs_by={"early_config_prune": config_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
     Q, K, V, DO, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,

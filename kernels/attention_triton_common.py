@@ -57,6 +57,38 @@ def descriptor_hook(rows: str, *names: str):
     return hook
 
 
+def kernel_configs(inner: str, defaults: dict[int, tuple[int, int, int]], candidates: list[tuple[int, int, int]],
+                   hook) -> list[triton.Config]:
+    """Configurations ``(inner tile, warps, stages)`` of one kernel: the default of each head-dim class
+    first (``defaults``: largest ``BLOCK_D`` it serves -> config), then the autotuning candidates.
+    ``config_prune`` keeps the head dim's default alone when autotuning is off."""
+    hook_cfg = lambda t: triton.Config({inner: t[0]}, num_warps=t[1], num_stages=t[2], pre_hook=hook)
+    if INTERPRET:
+        return [hook_cfg((32, 4, 1))]
+    firsts = [hook_cfg(t) for t in defaults.values()]
+    for cfg, bound in zip(firsts, defaults):
+        cfg.default_for = bound
+    if not AUTOTUNE:
+        return firsts
+    seen = set(defaults.values())
+    return firsts + [hook_cfg(t) for t in candidates if t not in seen and not seen.add(t)]
+
+
+def config_prune(inner: str, outer: str):
+    """``early_config_prune``: without autotuning the default for this head dim; then what fits in
+    shared memory (``smem_prune``)."""
+    smem = smem_prune(inner, outer)
+
+    def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+        if not AUTOTUNE:
+            block_d = kwargs["BLOCK_D"]
+            marked = sorted((c for c in configs if hasattr(c, "default_for")), key=lambda c: c.default_for)
+            configs = [next((c for c in marked if block_d <= c.default_for), marked[-1])] if marked else configs
+        return smem(configs, nargs, **kwargs)
+
+    return prune
+
+
 def smem_prune(inner: str, outer: str):
     """``early_config_prune`` dropping configs whose pipelined tiles cannot fit in shared memory.
 

@@ -10,31 +10,28 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
-    AUTOTUNE,
-    INTERPRET,
     LOG2E,
     act_fwd,
+    config_prune,
     descriptor_hook,
+    kernel_configs,
     kv_range,
     load_rows,
     pos_bucket,
-    smem_prune,
     stream_tile,
     time_bucket,
     unmasked_kv_end,
     visible,
 )
 
+# (BLOCK_N, warps, stages) by head dim (query tiles: ``attention_op._plan``); measured on an H200 with
+# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Configuration sweep").
+DEFAULTS = {64: (64, 8, 3), 256: (64, 4, 3)}
+CANDIDATES = [(64, 4, 3), (128, 8, 3), (32, 4, 3), (64, 8, 4)]
+
 
 def _configs() -> list[triton.Config]:
-    hook = descriptor_hook("BLOCK_N", "KD", "VD")
-    if INTERPRET:
-        return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=hook)]
-    configs = [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=3, pre_hook=hook)
-        for bn, w in ((64, 4), (64, 8), (128, 8), (32, 4))
-    ]
-    return configs if AUTOTUNE else configs[:1]
+    return kernel_configs("BLOCK_N", DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD"))
 
 
 @triton.jit
@@ -93,7 +90,7 @@ def _fwd_tile(
 
 
 @triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"],
-                 prune_configs_by={"early_config_prune": smem_prune("BLOCK_N", "BLOCK_M")})
+                 prune_configs_by={"early_config_prune": config_prune("BLOCK_N", "BLOCK_M")})
 @triton.jit
 def jagged_attn_fwd_kernel(
     Q, K, V, KD, VD, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,

@@ -122,3 +122,27 @@ def test_config_prune_keeps_what_fits_in_shared_memory():
     assert prune(configs, fp32, BLOCK_D=256, BLOCK_M=64) == configs[:1]
     kept = prune(configs[1:], fp32, BLOCK_D=256, BLOCK_M=128)  # nothing fits: a small single-stage one
     assert len(kept) == 1 and kept[0].num_stages == 1 and kept[0].kwargs["BLOCK_N"] == 16
+
+
+def test_without_autotuning_each_head_dim_gets_its_measured_default(monkeypatch):
+    from kernels import attention_triton_bwd as bwd
+    from kernels import attention_triton_common as common
+    from kernels import attention_triton_fwd as fwd
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "AUTOTUNE", False)
+    bf16 = {"Q": torch.zeros(1, dtype=torch.bfloat16)}
+    choose = lambda configs, prune, d, outer: prune(configs, bf16, BLOCK_D=d, **outer)
+    fwd_configs = common.kernel_configs("BLOCK_N", fwd.DEFAULTS, fwd.CANDIDATES, None)
+    assert len(fwd_configs) >= 2  # Triton prunes only when given more than one
+    prune = common.config_prune("BLOCK_N", "BLOCK_M")
+    for d, outer in ((32, 128), (64, 128), (128, 64)):
+        (cfg,) = choose(fwd_configs, prune, d, {"BLOCK_M": outer})
+        bound = min(b for b in fwd.DEFAULTS if b >= d)
+        assert (cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages) == fwd.DEFAULTS[bound]
+    dkdv = common.kernel_configs("BLOCK_M", bwd.DKDV_DEFAULTS, bwd.CANDIDATES, None)
+    (cfg,) = choose(dkdv, common.config_prune("BLOCK_M", "BLOCK_N"), 128, {"BLOCK_N": 64})
+    assert (cfg.kwargs["BLOCK_M"], cfg.num_warps, cfg.num_stages) == bwd.DKDV_DEFAULTS[128]
+    monkeypatch.setattr(common, "AUTOTUNE", True)
+    tuned = common.kernel_configs("BLOCK_N", fwd.DEFAULTS, fwd.CANDIDATES, None)
+    assert len(tuned) > len(fwd_configs) and len(prune(tuned, bf16, BLOCK_D=64, BLOCK_M=128)) > 1

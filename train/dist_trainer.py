@@ -187,7 +187,8 @@ def global_grad_norm(grads: list[torch.Tensor], params: list[torch.Tensor]) -> t
 
     FSDP2 DTensor gradients: each rank's shard counted once (shards replicated over an HSDP
     "replicate" dim divided by that size); expert-parallel experts: counted once per replica set;
-    gradients already identical on every rank (DDP, all-reduced by hooks): counted once, locally.
+    gradients already identical on every rank (DDP, all-reduced by hooks): counted once, locally
+    (with no sharded parameter at all, no collective).
     Norms are taken per group with the fused (foreach) kernels, as `clip_grad_norm_` does.
     """
     from torch.distributed.tensor import DTensor, Replicate
@@ -215,7 +216,10 @@ def global_grad_norm(grads: list[torch.Tensor], params: list[torch.Tensor]) -> t
     summed = torch.zeros((), dtype=torch.float64, device=dev)
     for rep, ts in shared.items():
         summed = summed + sq(ts) / rep
-    if dist.is_initialized() and dist.get_world_size() > 1:  # every rank, even with nothing shared here
+    # every rank, even with nothing shared here, when any parameter is sharded (the same on every rank);
+    # none (DDP alone): the norm is local, and the step has one rendezvous fewer
+    sharded = any(isinstance(p, DTensor) or getattr(p, "_ep_replicas", None) for p in params)
+    if sharded and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(summed)
     return (summed + sq(local)).sqrt()
 

@@ -1,0 +1,60 @@
+"""Where one jagged attention forward+backward spends its time: host (Python, launches) vs GPU kernels.
+
+    python benchmarks/attention_profile.py B     # a standard batch of the device README
+
+Prints the wall time of one call against the summed GPU kernel time (a call whose wall time is well
+above its kernel time is bound by host work), then the top operators by host time and by GPU time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.attention_configs import BATCHES, lengths
+from kernels import jagged_attention
+
+
+def main(name: str = "B", iters: int = 20) -> None:
+    B, max_len, H, D = BATCHES[name]
+    lens = lengths(B, max_len)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
+    T = int(lens.sum())
+    q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        for t in (q, k, v):
+            t.grad = None
+        jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len).backward(do)
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / iters * 1e3
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    host = (time.perf_counter() - t0) / iters * 1e3  # launches queue behind the GPU once it is busy
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in events) / iters / 1e3
+    print(f"batch {name}: one call {wall:.3f} ms (synchronized), {host:.3f} ms host per call back to back, "
+          f"GPU kernels {gpu:.3f} ms per call")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=48))
+    print(events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=48))
+
+
+if __name__ == "__main__":
+    main(*(sys.argv[1:2] or ["B"]))

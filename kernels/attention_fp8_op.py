@@ -66,9 +66,12 @@ def fp8_fwd_quantized(
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
     plan["block_d"] = max(32, plan["block_d"])  # FP8 tensor-core MMAs reduce over >= 32 elements
+    if not INTERPRET and block_size == 0 and q_len_hint == 0 and plan["block_d"] == 128:
+        plan["tile_q"] = 128  # the tile this kernel was measured with (bf16 kernels use 64 at D=128)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     meta.pop("PREC")
+    meta.pop("USE_TMA")  # this kernel streams its tiles through pointers
     jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
         qq.data, kq.data, vq.data if v_t is None else v_t, qq.scale, kq.scale, vq.scale, qq.block_offsets,
         kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,

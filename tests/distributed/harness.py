@@ -456,6 +456,39 @@ def check_guard(info) -> dict:
         out[mode] = {"device_guard": opt.device_guard, "steps": steps, "skipped": skips.poll(wait=True),
                      "params": [p.detach().clone() for p in pz.model.parameters()]}
     diff = max(float((p - q).abs().max()) for p, q in zip(out["device"].pop("params"), out["host"].pop("params")))
+    return {**out, "device_vs_host_max_diff": diff, "fsdp": _guard_fsdp(info, schema, tasks, cfg)}
+
+
+def _guard_fsdp(info, schema, tasks, cfg) -> dict:
+    """The device guard with FSDP2 dense blocks (DTensor parameters, a replicated DTensor found_inf) and
+    DMP tables (fused update in backward), without MoE: a good step, then a NaN step; dense parameters only."""
+    from train.dist_trainer import _ClippedOptimizer, build_optimizer
+
+    out: dict = {}
+    for mode in ("device", "host"):
+        torch.manual_seed(0)
+        model = build_model(schema, {**MODEL, "moe": {"num_experts": 0}})
+        pz = par.parallelize(model, schema, par.ParallelConfig(), info.device,
+                             sparse_optim={"name": "rowwise_adagrad", "lr": 0.05}, batch_size=ROWS_PER_RANK,
+                             loss_tasks=tasks, log=lambda _m: None)
+        copt, dparams = build_optimizer(pz, cfg)
+        opt = _ClippedOptimizer(copt, dparams, 0.05, None, device_guard=mode == "device")
+        moved, oks = [], []
+        for k, seed in enumerate((1, 2)):
+            b = local_batch(schema, ROWS_PER_RANK, seed, info.rank, info.world_size)
+            if k == 1 and info.rank == 0:
+                b.dense[0, 0] = float("nan")
+            before = [full(p.detach()).clone() for p in dparams]
+            opt.zero_grad(set_to_none=True)
+            loss, _ = pz.model(b)
+            loss.backward()
+            opt.step()
+            oks.append(bool(opt.last_ok))
+            moved.append(max(float((full(p.detach()) - q).abs().max()) for p, q in zip(dparams, before)))
+        out[mode] = {"device_guard": opt.device_guard, "ok": oks, "dense_moved": moved,
+                     "dtensor_params": sum(hasattr(p, "device_mesh") for p in dparams),
+                     "params": [full(p.detach()).clone() for p in dparams]}
+    diff = max(float((p - q).abs().max()) for p, q in zip(out["device"].pop("params"), out["host"].pop("params")))
     return {**out, "device_vs_host_max_diff": diff}
 
 

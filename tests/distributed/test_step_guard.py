@@ -56,3 +56,16 @@ def test_count_skipped_logs_and_stops_at_the_limit():
     sc.push(7, torch.tensor(False))
     with pytest.raises(TrainingStopped, match="3 non-finite steps, the last at step 7"):
         count_skipped(tr, sc, logs.append, wait=True)
+
+
+def test_device_guard_with_fsdp2_dense_blocks(two_ranks):
+    """FSDP2 (DTensor parameters on one mesh) beside DMP tables: the fused AdamW takes a DTensor found_inf."""
+    results, _ = two_ranks
+    for res in results:
+        g = res["guard"]["fsdp"]
+        assert g["device"]["device_guard"] and not g["host"]["device_guard"]
+        assert g["device"]["dtensor_params"] > 50
+        for mode in ("device", "host"):
+            assert g[mode]["ok"] == [True, False]
+            assert g[mode]["dense_moved"][0] > 1e-3 and g[mode]["dense_moved"][1] == 0.0
+        assert g["device_vs_host_max_diff"] <= 1e-7

@@ -24,7 +24,8 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     """[N, 2] int32 (row, tile) pairs, rows with the longest other side first, last tiles first.
 
     N is an upper bound computed without a device sync (``ceil(total / block) + B``); unused entries
-    have row -1 and their programs exit at once.
+    have row -1 and their programs exit at once. The list depends only on the offsets and ``block``, so
+    the forward's list is passed on to the backward (``work`` argument of the ops) where it fits.
     """
     num_rows = tile_offsets.numel() - 1
     lens = (tile_offsets[1:] - tile_offsets[:-1]).long()
@@ -33,8 +34,7 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     perm = torch.argsort(other * (1 << 20) + lens, descending=True, stable=True)
     tiles_sorted = tiles[perm]
     cum = tiles_sorted.cumsum(0)
-    # On CPU (interpreter) the exact count costs nothing; on GPU the bound avoids a device sync.
-    n_items = int(tiles.sum()) if tile_offsets.device.type == "cpu" else triton.cdiv(total, block) + num_rows
+    n_items = triton.cdiv(total, block) + num_rows
     t = torch.arange(n_items, device=tile_offsets.device)
     idx = torch.searchsorted(cum, t, right=True)
     valid = idx < num_rows
@@ -48,7 +48,8 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
 def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, *streamed: Tensor) -> dict:
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
-    tma = common.use_tma([q, k, *streamed], d, block_d)
+    # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
+    tma = common.use_tma([q, k, *streamed], d, block_d) if streamed else False
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:
@@ -94,7 +95,7 @@ def jagged_attn_fwd(
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int,
+    q_len_hint: int, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
@@ -102,7 +103,9 @@ def jagged_attn_fwd(
     # Every token belongs to a tile whose program writes it, so no memset pass is needed.
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint, v)
-    work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    if work is None:
+        work = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])[0]
+    n_items = work.shape[0]
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
         q, k, v, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), out, lse, q_offsets, kv_offsets,
@@ -116,7 +119,7 @@ def jagged_attn_fwd(
 
 @jagged_attn_fwd.register_fake
 def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
-      activation, causal, scale, block_size, window, norm, len_key, q_len_hint):
+      activation, causal, scale, block_size, window, norm, len_key, q_len_hint, work=None):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -126,7 +129,7 @@ def jagged_attn_bwd(
     kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int,
+    q_len_hint: int, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
     dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
@@ -141,7 +144,14 @@ def jagged_attn_bwd(
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
     scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
-    work_kv, n_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])
+    # The forward's list of query tiles serves as the list of KV tiles when both sides are the same
+    # rows tiled alike (self-attention), and as the dq pass's list when its tile is the forward's.
+    fwd_tile = plan["tile_q"]
+    self_attn = q_offsets.data_ptr() == kv_offsets.data_ptr() and q.shape[0] == k.shape[0]
+    work_kv = work if work is not None and self_attn and plan["tile_kv"] == fwd_tile else None
+    if work_kv is None:
+        work_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])[0]
+    n_kv = work_kv.shape[0]
     jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
         q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
@@ -149,7 +159,10 @@ def jagged_attn_bwd(
         dtime if time_weight is not None else lse, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], **meta,
     )
-    work_q, n_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])
+    work_q = work if work is not None and plan["tile_q_bwd"] == fwd_tile else None
+    if work_q is None:
+        work_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])[0]
+    n_q = work_q.shape[0]
     jagged_attn_bwd_dq_kernel[(n_q * q.shape[1],)](
         q, k, v, do, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_q,
@@ -165,7 +178,7 @@ def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
 
 @jagged_attn_bwd.register_fake
 def _(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps,
-      kv_timestamps, activation, causal, scale, block_size, window, norm, len_key, q_len_hint):
+      kv_timestamps, activation, causal, scale, block_size, window, norm, len_key, q_len_hint, work=None):
     dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
     dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
              else q.new_empty((0,), dtype=torch.float32))
@@ -177,20 +190,22 @@ _NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", 
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
+    rest, work = rest[:len(_NON_TENSOR)], (rest[len(_NON_TENSOR):] or [None])[0]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
-                          q_ts, kv_ts)
+                          q_ts, kv_ts, work)
     ctx.rest = rest
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts = ctx.saved_tensors
+    (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
+     work) = ctx.saved_tensors
     dq, dk, dv, dpos, dtime = torch.ops.gemtrain.jagged_attn_bwd(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-        *ctx.rest,
+        *ctx.rest, work,
     )
     return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None, None, None) + (None,) * len(_NON_TENSOR)
+            dtime if time_weight is not None else None, None, None) + (None,) * (len(_NON_TENSOR) + 1)
 
 
 jagged_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -238,13 +253,16 @@ def jagged_attention_triton(
     time_w = bias.time_weight if bias is not None else None
     q_ts = bias.q_timestamps.contiguous() if time_w is not None else None
     kv_ts = bias.kv_timestamps.contiguous() if time_w is not None else None
+    q, k, v, q_offsets, kv_offsets = (t.contiguous() for t in (q, k, v, q_offsets, kv_offsets))
+    len_key, q_len_hint = _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0)
+    block = int(block_size or 0)
+    # One list of query tiles for the forward and (where it fits) the backward's two passes.
+    work = work_list(q_offsets, kv_offsets, _plan(q, k, len_key, block, q_len_hint)["tile_q"], q.shape[0])[0]
     out, _ = torch.ops.gemtrain.jagged_attn_fwd(
-        q.contiguous(), k.contiguous(), v.contiguous(), q_offsets.contiguous(), kv_offsets.contiguous(),
-        None if num_targets is None else num_targets.contiguous(),
+        q, k, v, q_offsets, kv_offsets, None if num_targets is None else num_targets.contiguous(),
         None if pos_w is None else pos_w.contiguous(), None if time_w is None else time_w.contiguous(),
-        q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
-        -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
-        _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0),
+        q_ts, kv_ts, activation, bool(causal), float(scale), block, -1 if window is None else int(window),
+        0 if pointwise_norm == "row" else int(pointwise_norm), len_key, q_len_hint, work,
     )
     return out
 

@@ -105,7 +105,25 @@ def test_work_list_covers_every_tile_once_longest_first():
     expected = {(b, t) for b, n_q in enumerate(lq) for t in range((n_q + 15) // 16)}
     assert len(pairs) == len(expected) and set(pairs) == expected and n >= len(pairs)
     assert [b for b, _ in pairs][:3] == [2, 2, 2] and pairs[0] == (2, 2)  # longest row, last tile first
-    assert n == len(pairs)  # exact on CPU
+    assert n == -(-sum(lq) // 16) + len(lq)  # a bound known without a device sync
+    assert all(x == [-1, 0] for x in work.tolist()[len(pairs):])  # the rest: programs that exit at once
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_backward_reuses_the_forward_work_list(monkeypatch, cross):
+    from kernels import attention_op as op
+
+    calls = []
+    real = op.work_list
+    monkeypatch.setattr(op, "work_list", lambda *a: calls.append(a[2]) or real(*a))
+    lk = [40, 0, 17]
+    lq = [3, 0, 5] if cross else lk
+    q = torch.randn(sum(lq), 2, 16, requires_grad=True)
+    k, v = (torch.randn(sum(lk), 2, 16, requires_grad=True) for _ in range(2))
+    qo = offsets(lq)
+    ko = offsets(lk) if cross else qo
+    jagged_attention(q, k, v, qo, ko, causal=True, impl="triton").sum().backward()
+    assert len(calls) == (2 if cross else 1)  # cross: the KV tiles are other rows than the query tiles
 
 
 def test_config_prune_keeps_what_fits_in_shared_memory():

@@ -17,15 +17,18 @@ import triton.language as tl
 from kernels.attention_triton_common import (
     LOG2E,
     act_fwd_bwd,
+    add_bias,
     add_table_grad,
     config_prune,
     descriptor_hook,
     kernel_configs,
     kv_range,
     pos_bucket,
+    pos_uniform,
     q_range,
     stream_tile,
     time_bucket,
+    time_uniform,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
@@ -48,15 +51,38 @@ def _configs(name: str) -> list[triton.Config]:
 
 
 @triton.jit
-def _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
+def _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, qk_scale, bias_scale,
             H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
-            NUM_TIME: tl.constexpr, PREC: tl.constexpr):
+            NUM_TIME: tl.constexpr, PREC: tl.constexpr, WHOLE_KEYS: tl.constexpr):
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if HAS_POS:
-        s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
-    if HAS_TIME:
-        s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
-    return s
+    return add_bias(s, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS,
+                    HAS_TIME, NUM_TIME, WHOLE_KEYS)
+
+
+@triton.jit
+def _table_grad(DT, at_q, at_k, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
+                UNIFORM_OK: tl.constexpr, q_ok):
+    """Score gradients into one bias table (``at_q``/``at_k``: positions or timestamps of the tile's
+    queries and keys): one reduced add when the whole tile shares a bucket (checked on unmasked tiles,
+    ``UNIFORM_OK``), else ``add_table_grad``."""
+    if IS_POS:
+        if UNIFORM_OK:
+            one, b = pos_uniform(at_q, q_ok, at_k, NUM)
+            if one:
+                tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
+            else:
+                add_table_grad(DT, pos_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+        else:
+            add_table_grad(DT, pos_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+    else:
+        if UNIFORM_OK:
+            one, b = time_uniform(at_q, q_ok, at_k, NUM)
+            if one:
+                tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
+            else:
+                add_table_grad(DT, time_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+        else:
+            add_table_grad(DT, time_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
 
 
 @triton.jit
@@ -83,8 +109,8 @@ def _dkdv_tile(
             ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
         else:
             ts_q = tl.load(QTS + q_start + offs_m)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
-                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
+                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
@@ -112,9 +138,9 @@ def _dkdv_tile(
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     if HAS_POS:
-        add_table_grad(DPOSW, pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS), ds, ok, h, H, NUM_POS)
+        _table_grad(DPOSW, pos_q, offs_n, ds, ok, h, H, NUM_POS, True, not MASKED, m_ok)
     if HAS_TIME:
-        add_table_grad(DTIMEW, time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME), ds, ok, h, H, NUM_TIME)
+        _table_grad(DTIMEW, ts_q, ts_k, ds, ok, h, H, NUM_TIME, False, not MASKED, m_ok)
     return dk, dv
 
 
@@ -141,8 +167,8 @@ def _dq_tile(
             ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
         else:
             ts_k = tl.load(KTS + kv_start + offs_n)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, h, POSW, TIMEW, qk_scale, bias_scale,
-                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
+                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)

@@ -251,6 +251,59 @@ def time_bucket(ts_q, ts_k, NUM_TIME: tl.constexpr):
 
 
 @triton.jit
+def pos_uniform(pos_q, q_ok, pos_k, NUM_POS: tl.constexpr):
+    """(every valid query of the tile and every key fall in one position bucket, that bucket).
+
+    Buckets clamp the relative position, so tiles farther apart than the table's reach share one bucket
+    and take one table read instead of a gather per score. ``pos_k``: the keys' positions (all valid).
+    """
+    rel_lo = tl.min(tl.where(q_ok, pos_q, 2**30)) - tl.max(pos_k)
+    rel_hi = tl.max(tl.where(q_ok, pos_q, -(2**30))) - tl.min(pos_k)
+    b_lo = pos_bucket(rel_lo, 0, NUM_POS)
+    return b_lo == pos_bucket(rel_hi, 0, NUM_POS), b_lo
+
+
+@triton.jit
+def time_uniform(ts_q, q_ok, ts_k, NUM_TIME: tl.constexpr):
+    """(every valid query/key pair of the tile falls in one log time bucket, that bucket): the bucket
+    grows with |dt|, so the extremes of |dt| over the tile decide (dt spanning 0 never counts as one)."""
+    dt_lo = tl.min(tl.where(q_ok, ts_q, 2**62)) - tl.max(ts_k)
+    dt_hi = tl.max(tl.where(q_ok, ts_q, -(2**62))) - tl.min(ts_k)
+    one_sign = (dt_lo >= 0) | (dt_hi <= 0)
+    a_lo = tl.minimum(tl.abs(dt_lo), tl.abs(dt_hi))
+    a_hi = tl.maximum(tl.abs(dt_lo), tl.abs(dt_hi))
+    b_lo = time_bucket(a_lo, 0, NUM_TIME)
+    return one_sign & (b_lo == time_bucket(a_hi, 0, NUM_TIME)), b_lo
+
+
+@triton.jit
+def add_bias(s, pos_q, pos_k, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H: tl.constexpr,
+             HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
+             WHOLE_KEYS: tl.constexpr):
+    """``s`` plus the position and time bias (table rows gathered per score). ``WHOLE_KEYS``: every key
+    of the tile is real, so a tile whose scores all share a bucket adds one table value instead."""
+    if HAS_POS:
+        if WHOLE_KEYS:
+            one, b = pos_uniform(pos_q, q_ok, pos_k, NUM_POS)
+            if one:
+                s += tl.load(POSW + b * H + h) * bias_scale
+            else:
+                s += tl.load(POSW + pos_bucket(pos_q[:, None], pos_k[None, :], NUM_POS) * H + h) * bias_scale
+        else:
+            s += tl.load(POSW + pos_bucket(pos_q[:, None], pos_k[None, :], NUM_POS) * H + h) * bias_scale
+    if HAS_TIME:
+        if WHOLE_KEYS:
+            one, b = time_uniform(ts_q, q_ok, ts_k, NUM_TIME)
+            if one:
+                s += tl.load(TIMEW + b * H + h) * bias_scale
+            else:
+                s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+        else:
+            s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+    return s
+
+
+@triton.jit
 def add_table_grad(DT, bkt, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr):
     """Add the score gradients ``ds`` into ``DT[bkt, h]``.
 

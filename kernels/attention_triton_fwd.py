@@ -12,14 +12,13 @@ import triton.language as tl
 from kernels.attention_triton_common import (
     LOG2E,
     act_fwd,
+    add_bias,
     config_prune,
     descriptor_hook,
     kernel_configs,
     kv_range,
     load_rows,
-    pos_bucket,
     stream_tile,
-    time_bucket,
     unmasked_kv_end,
     visible,
 )
@@ -53,14 +52,14 @@ def _fwd_tile(
     k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if HAS_POS:
-        s += tl.load(POSW + pos_bucket(pos_q[:, None], offs_n[None, :], NUM_POS) * H + h) * bias_scale
+    ts_k = offs_n
     if HAS_TIME:
         if MASKED:
             ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
         else:
             ts_k = tl.load(KTS + kv_start + offs_n)
-        s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+    s = add_bias(s, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME,
+                 NUM_TIME, not MASKED)
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]

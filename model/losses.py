@@ -29,6 +29,8 @@ def multitask_loss(
     per_task = torch.where(denom > 0, per_task, per_task_sum * 0)  # keeps the graph, adds zero
     t = logits.shape[1]
     names = list(task_names) if task_names is not None else [f"task{i}" for i in range(t)]
-    scale = torch.tensor(task_weights if task_weights is not None else [1.0] * t, device=logits.device)
-    total = (per_task * scale).sum()
+    if task_weights is None:
+        total = per_task.sum()
+    else:  # Python floats: a weight tensor built here would be a blocking host-to-device copy every step
+        total = sum(per_task[i] * float(w) for i, w in enumerate(task_weights))
     return total, {name: per_task[i] for i, name in enumerate(names)}

@@ -19,16 +19,14 @@ from kernels.attention_triton_common import (
     act_fwd_bwd,
     add_bias,
     add_table_grad,
+    bucket_tile,
     config_prune,
     descriptor_hook,
     kernel_configs,
     kv_range,
-    pos_bucket,
-    pos_uniform,
+    one_bucket,
     q_range,
     stream_tile,
-    time_bucket,
-    time_uniform,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
@@ -61,28 +59,18 @@ def _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, qk_scale, bia
 
 @triton.jit
 def _table_grad(DT, at_q, at_k, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
-                UNIFORM_OK: tl.constexpr, q_ok):
+                WHOLE_KEYS: tl.constexpr, q_ok):
     """Score gradients into one bias table (``at_q``/``at_k``: positions or timestamps of the tile's
-    queries and keys): one reduced add when the whole tile shares a bucket (checked on unmasked tiles,
-    ``UNIFORM_OK``), else ``add_table_grad``."""
-    if IS_POS:
-        if UNIFORM_OK:
-            one, b = pos_uniform(at_q, q_ok, at_k, NUM)
-            if one:
-                tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
-            else:
-                add_table_grad(DT, pos_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+    queries and keys): one reduced add when the whole tile shares a bucket (checked when every key of
+    the tile is real, ``WHOLE_KEYS``), else ``add_table_grad``."""
+    if WHOLE_KEYS:
+        one, b = one_bucket(at_q, q_ok, at_k, NUM, IS_POS)
+        if one:
+            tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
         else:
-            add_table_grad(DT, pos_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+            add_table_grad(DT, bucket_tile(at_q, at_k, NUM, IS_POS), ds, ok, h, H, NUM)
     else:
-        if UNIFORM_OK:
-            one, b = time_uniform(at_q, q_ok, at_k, NUM)
-            if one:
-                tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
-            else:
-                add_table_grad(DT, time_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
-        else:
-            add_table_grad(DT, time_bucket(at_q[:, None], at_k[None, :], NUM), ds, ok, h, H, NUM)
+        add_table_grad(DT, bucket_tile(at_q, at_k, NUM, IS_POS), ds, ok, h, H, NUM)
 
 
 @triton.jit

@@ -277,29 +277,48 @@ def time_uniform(ts_q, q_ok, ts_k, NUM_TIME: tl.constexpr):
 
 
 @triton.jit
+def bucket_tile(at_q, at_k, NUM: tl.constexpr, IS_POS: tl.constexpr):
+    """[M, N] bucket of each (query, key) pair: positions (``IS_POS``) or timestamps ``at_q`` / ``at_k``."""
+    if IS_POS:
+        return pos_bucket(at_q[:, None], at_k[None, :], NUM)
+    else:
+        return time_bucket(at_q[:, None], at_k[None, :], NUM)
+
+
+@triton.jit
+def one_bucket(at_q, q_ok, at_k, NUM: tl.constexpr, IS_POS: tl.constexpr):
+    """(the tile's valid pairs all share one bucket, that bucket): ``pos_uniform`` / ``time_uniform``."""
+    if IS_POS:
+        return pos_uniform(at_q, q_ok, at_k, NUM)
+    else:
+        return time_uniform(at_q, q_ok, at_k, NUM)
+
+
+@triton.jit
+def add_table(s, W, at_q, at_k, q_ok, h, scale, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
+              WHOLE_KEYS: tl.constexpr):
+    """``s`` plus one bias table's values (gathered per score). ``WHOLE_KEYS``: every key of the tile is
+    real, so a tile whose scores all share a bucket adds one table value instead."""
+    if WHOLE_KEYS:
+        one, b = one_bucket(at_q, q_ok, at_k, NUM, IS_POS)
+        if one:
+            s += tl.load(W + b * H + h) * scale
+        else:
+            s += tl.load(W + bucket_tile(at_q, at_k, NUM, IS_POS) * H + h) * scale
+    else:
+        s += tl.load(W + bucket_tile(at_q, at_k, NUM, IS_POS) * H + h) * scale
+    return s
+
+
+@triton.jit
 def add_bias(s, pos_q, pos_k, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H: tl.constexpr,
              HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
              WHOLE_KEYS: tl.constexpr):
-    """``s`` plus the position and time bias (table rows gathered per score). ``WHOLE_KEYS``: every key
-    of the tile is real, so a tile whose scores all share a bucket adds one table value instead."""
+    """``s`` plus the position and time bias (``add_table`` for each table present)."""
     if HAS_POS:
-        if WHOLE_KEYS:
-            one, b = pos_uniform(pos_q, q_ok, pos_k, NUM_POS)
-            if one:
-                s += tl.load(POSW + b * H + h) * bias_scale
-            else:
-                s += tl.load(POSW + pos_bucket(pos_q[:, None], pos_k[None, :], NUM_POS) * H + h) * bias_scale
-        else:
-            s += tl.load(POSW + pos_bucket(pos_q[:, None], pos_k[None, :], NUM_POS) * H + h) * bias_scale
+        s = add_table(s, POSW, pos_q, pos_k, q_ok, h, bias_scale, H, NUM_POS, True, WHOLE_KEYS)
     if HAS_TIME:
-        if WHOLE_KEYS:
-            one, b = time_uniform(ts_q, q_ok, ts_k, NUM_TIME)
-            if one:
-                s += tl.load(TIMEW + b * H + h) * bias_scale
-            else:
-                s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
-        else:
-            s += tl.load(TIMEW + time_bucket(ts_q[:, None], ts_k[None, :], NUM_TIME) * H + h) * bias_scale
+        s = add_table(s, TIMEW, ts_q, ts_k, q_ok, h, bias_scale, H, NUM_TIME, False, WHOLE_KEYS)
     return s
 
 

@@ -106,7 +106,6 @@ class ReplicatedGradSync:
                 lambda _mod, args, tables=tables, keys=keys: self._mark(tables, keys, args[0])))
 
     def _mark(self, tables: list[int], keys: list[list[str]], kjt) -> None:
-        import torch.distributed as dist
 
         if not (self.mark_at_forward and torch.is_grad_enabled()):
             return
@@ -124,16 +123,20 @@ class ReplicatedGradSync:
                 if i is not None and offsets[i + 1] > offsets[i]:
                     m.index_fill_(0, values[offsets[i]:offsets[i + 1]].long(), True)
             counts.append(m.sum())
-        c = torch.stack(counts)
+        self._pending[tuple(tables)] = _Pending(tables, self._all_counts(torch.stack(counts)))
+
+    def _all_counts(self, c: torch.Tensor) -> torch.Tensor:
+        """``[world, tables]``: every rank's per-table counts (one all-gather; no host read)."""
+        import torch.distributed as dist
+
         if self.world > 1:
             out = torch.empty(self.world * c.numel(), dtype=c.dtype, device=c.device)
             dist.all_gather_into_tensor(out, c, group=self.group)
             c = out
-        self._pending[tuple(tables)] = _Pending(tables, c.view(self.world, -1))
+        return c.view(self.world, -1)
 
     def counts(self) -> list[list[int]]:
         """Every rank's touched-row count per table, `[world][tables]`, on the host."""
-        import torch.distributed as dist
 
         out = [[0] * len(self.params) for _ in range(self.world)]
         done: set[int] = set()
@@ -155,12 +158,7 @@ class ReplicatedGradSync:
                     m = g.view(g.shape[0], -1).any(dim=1)
                 self._masks[t] = m
                 cs.append(m.sum())
-            c = torch.stack(cs)
-            if self.world > 1:
-                g_out = torch.empty(self.world * c.numel(), dtype=c.dtype, device=c.device)
-                dist.all_gather_into_tensor(g_out, c, group=self.group)
-                c = g_out
-            for r, row in enumerate(c.view(self.world, -1).tolist()):
+            for r, row in enumerate(self._all_counts(torch.stack(cs)).tolist()):
                 for t, k in zip(rest, row):
                     out[r][t] = int(k)
         return out

@@ -124,8 +124,8 @@ class _Window:
     ok_steps: int = 0  # steps not skipped by the NaN guard
     examples: int = 0
     events: int = 0
-    loss_sum: float = 0.0
-    task_loss_sum: dict[str, float] = field(default_factory=dict)
+    loss_sum: float | torch.Tensor = 0.0  # device sums, read at the log line
+    task_loss_sum: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -381,13 +381,11 @@ class Trainer:
             for g in self.dense_opt.param_groups:
                 g["lr"] = c.optim.lr * f
         loss, per_task, logits = self._forward_loss(batch)
-        ok = bool(torch.isfinite(loss))
-        if ok:
-            loss.backward()
-            pf.preload()  # the next batch's copy overlaps this step's backward and update
-            ok = self._grads_finite_and_clip()
-        else:
-            pf.preload()
+        # No host read before backward: a non-finite loss gives non-finite gradients, and the one check
+        # below (loss and gradient norms together) skips the update.
+        loss.backward()
+        pf.preload()  # the next batch's copy overlaps this step's backward and update
+        ok = self._grads_finite_and_clip(loss)
         if ok:
             self.optimizer.step()
         else:
@@ -406,9 +404,10 @@ class Trainer:
         win.events += ev
         if ok:
             win.ok_steps += 1
-            win.loss_sum += float(loss.detach())
+            # summed on the device and read at the log line, so the host does not wait for this step
+            win.loss_sum = win.loss_sum + loss.detach().float()
             for k, v in per_task.items():
-                win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + float(v.detach())
+                win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + v.detach().float()
             metrics.update(torch.sigmoid(logits.detach()), batch.labels, batch.label_mask, batch.weights)
         self.train_time += time.perf_counter() - t_step
         if not ok and self.skipped >= c.train.nan_guard_max:
@@ -416,18 +415,17 @@ class Trainer:
                                   f"loss or gradient (train.nan_guard_max={c.train.nan_guard_max}); check the "
                                   "data for NaN/Inf values, or lower optim.lr")
 
-    def _grads_finite_and_clip(self) -> bool:
+    def _grads_finite_and_clip(self, loss: torch.Tensor) -> bool:
+        """Clip the dense gradients; whether the loss and every gradient are finite (the step's one host read)."""
         clip = self.cfg.optim.clip_grad_norm
         grads = [p for p in self.dense_params if p.grad is not None]
-        norms = []
+        norms = [loss.detach().float().reshape(())]
         if grads:
             norms.append(torch.nn.utils.clip_grad_norm_(grads, clip if clip > 0 else float("inf"),
                                                         error_if_nonfinite=False, foreach=None))
         sparse = [p.grad for p in self.sparse_params if p.grad is not None]
         if sparse:
             norms.append(torch.nn.utils.get_total_norm(sparse))
-        if not norms:
-            return True
         return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
     def _achieved_flops(self, batch: JaggedBatch, events: int, seconds: float) -> tuple[float, float | None]:
@@ -448,14 +446,14 @@ class Trainer:
         good = max(1, win.ok_steps)
         m = metrics.compute()
         rec: dict[str, Any] = {"kind": "train", "step": self.step,
-                               "loss": win.loss_sum / good if win.ok_steps else float("nan"),
+                               "loss": float(win.loss_sum) / good if win.ok_steps else float("nan"),
                                "lr": self.cfg.optim.lr * lr_factor(self.step - 1, self.cfg.optim.warmup_steps,
                                                                   self.cfg.train.steps, self.cfg.optim.decay,
                                                                   self.cfg.optim.min_lr_ratio),
                                "examples_per_s": win.examples / dt, "events_per_s": win.events / dt,
                                "skipped_steps": self.skipped}
         for k, v in win.task_loss_sum.items():
-            rec[f"loss/{k}"] = v / good
+            rec[f"loss/{k}"] = float(v) / good
         for t, r in m.items():
             rec[f"ne/{t}"] = r["ne"]
             rec[f"auc/{t}"] = r["auc"]

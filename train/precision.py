@@ -53,10 +53,11 @@ class PrecisionPolicy:
     weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
     ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe."""
 
-    # Defaults from benchmarks/RESULTS.md (H200): blockwise with a bf16 weight gradient is the fastest
-    # recipe on the large MLP shapes (1.11-1.13x bf16); interaction-sized layers lose in FP8.
+    # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
+    # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md): mlp
+    # "blockwise" with wgrad "bf16" on the large MLP shapes; interaction-sized layers lose in FP8.
     attention: str = "bf16"
-    mlp: str = "blockwise"
+    mlp: str = "bf16"
     interaction: str = "bf16"
     wgrad: str = "bf16"
     high_precision: tuple[str, ...] = HIGH_PRECISION_KINDS

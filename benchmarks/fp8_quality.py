@@ -43,7 +43,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},
-    "fp8 attention kernel": {"attention_kernel": "fp8", "mlp": "bf16"},  # the policy's mlp default is blockwise
+    "fp8 attention kernel": {"attention_kernel": "fp8"},
 }
 CPU_VARIANTS = ("bf16", "bf16 (repeat)", "blockwise", "tensorwise", "mxfp8 (hopper: emulate)",
                 "fp8 attention kernel")

@@ -4,6 +4,7 @@
     python benchmarks/attention.py check 0 1 'match=silu,bfloat16|D=256'   # cases whose name has every
                                                   # comma-separated part of one '|'-separated alternative
     python benchmarks/attention.py bench A B          # batches A and B (device README), issue-4 rows
+    python benchmarks/attention.py bench A rows=biasparts   # what each bias table costs (ours only)
     python benchmarks/attention.py local              # block-local / window section (issue 5)
     python benchmarks/attention.py fp8 A              # FP8 forward vs our bf16 forward (issue 8; also --fp8)
 
@@ -246,6 +247,8 @@ def bench(name: str, only: set[str] | None = None) -> list[str]:
     if want("bias"):
         _bias_row(emit, safe, flex, create_block_mask, q, k, v, qf, kf, vf, do, dof, offs, doc, pos_in_row, ts,
                   pos_w, time_w, max_len, H, D, T)
+    if only is not None and "biasparts" in only:
+        _bias_parts_row(emit, q, k, v, do, offs, ts, pos_w, time_w, max_len, H, D)
     if want("cross"):
         _cross_row(emit, safe, flex, create_block_mask, k, v, kf, vf, kp, vp, offs, doc, max_len, B, H, D, T, g, mk)
     if want("silu") and want("softmax"):  # compared with the causal softmax row
@@ -282,6 +285,24 @@ def _bias_row(emit, safe, flex, create_block_mask, q, k, v, qf, kf, vf, do, dof,
         fx = safe(lambda: flex_bias({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64,
                                      "BLOCK_M2": 64, "BLOCK_N2": 32, "num_stages": 1}))
     emit("causal softmax + pos/time bias", [("ours", *ours), ("flex score_mod", *fx)], flops)
+
+
+def _bias_parts_row(emit, q, k, v, do, offs, ts, pos_w, time_w, max_len, H, D) -> None:
+    """Where the bias costs: ours with no bias, each table alone, both, and both without table gradients
+    (the gathers alone), each against ours without bias."""
+    flops = jagged_attention_flops(offs, offs, H, D, causal=True)
+    frozen = [t.detach() for t in (pos_w, time_w)]
+    variants = {"no bias": None, "position table": RelativeBias(pos_w, None, ts, ts),
+                "time table": RelativeBias(None, time_w, ts, ts), "both tables": RelativeBias(pos_w, time_w, ts, ts),
+                "both, no table gradients": RelativeBias(frozen[0], frozen[1], ts, ts)}
+    times = {}
+    for name, bias in variants.items():
+        leaves = [q, k, v] + ([t for t in (pos_w, time_w) if t.requires_grad] if bias is not None else [])
+        times[name] = _time_pair(lambda b=bias: jagged_attention(q, k, v, offs, offs, causal=True, bias=b,
+                                                                 max_kv_len=max_len), do, leaves)
+    for name, t in times.items():
+        if name != "no bias":
+            emit(f"causal softmax, {name}", [("ours", *t), ("ours, no bias", *times["no bias"])], flops)
 
 
 def _cross_row(emit, safe, flex, create_block_mask, k, v, kf, vf, kp, vp, offs, doc, max_len, B, H, D, T, g,
@@ -466,7 +487,7 @@ def main(argv: list[str]) -> None:
     if what == "check":  # check [SHARD SHARDS] [match=A,B|C]
         match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)
         out = check(*(int(a) for a in argv[2:4] if not a.startswith("match=")), match=match)
-    elif what == "bench":  # bench [A] [B] [rows=softmax,bias,cross,silu]
+    elif what == "bench":  # bench [A] [B] [rows=softmax,bias,biasparts,cross,silu]
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
         for name in [a for a in argv[2:] if not a.startswith("rows=")] or ["A", "B"]:
             out += bench(name, only) + [""]

@@ -36,6 +36,7 @@ from kernels.attention_triton_common import (
     kv_range,
     pos_bucket,
     smem_prune,
+    softmax_step,
     time_bucket,
     visible,
 )
@@ -173,15 +174,9 @@ def jagged_attn_fp8_fwd_kernel(
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
         if ACT == 0:
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, ok, True)
             acc = acc * (alpha * (sv_acc / sv))[:, None]  # powers of two: exact change of units
             sv_acc = sv
-            m_i = m_new
             p8 = _to_e4m3(p * P_SCALE, EXACT_CVT)
             acc = tl.dot(p8, v, acc)
         else:

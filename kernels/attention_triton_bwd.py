@@ -24,6 +24,8 @@ from kernels.attention_triton_common import (
     descriptor_hook,
     kernel_configs,
     kv_range,
+    load_times,
+    load_vec,
     one_bucket,
     q_range,
     stream_tile,
@@ -36,7 +38,7 @@ _KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"
 
 
 # (inner tile, warps, stages) by head dim (outer tiles: ``attention_op._plan``); measured on an H200 with
-# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Configuration sweep").
+# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Descriptors and measured configurations").
 DKDV_DEFAULTS = {64: (32, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
 DQ_DEFAULTS = {128: (64, 4, 2), 256: (32, 4, 2)}
 CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
@@ -55,6 +57,24 @@ def _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, qk_scale, bia
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     return add_bias(s, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS,
                     HAS_TIME, NUM_TIME, WHOLE_KEYS)
+
+
+@triton.jit
+def _score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr):
+    """(p, ds) of a tile: softmax ``p = exp2(s - lse)``, ``ds = p * (dp - delta)``; pointwise
+    ``p = act(s) / n``, ``ds = dp * act'(s) / n``. ``MASKED``: zero outside ``ok`` (where a neighbour
+    row's token may give a non-finite ``dp``, and ``lse`` may be +inf)."""
+    if ACT == 0:
+        p = tl.exp2(s - lse[:, None])
+        ds = p * (dp - delta[:, None])
+    else:
+        a, da = act_fwd_bwd(s, ACT)
+        p = a * inv_n
+        ds = dp * da * inv_n
+    if MASKED:
+        p = tl.where(ok, p, 0.0)
+        ds = tl.where(ok, ds, 0.0)
+    return p, ds
 
 
 @triton.jit
@@ -91,38 +111,20 @@ def _dkdv_tile(
     q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     q = stream_tile(QD, Q + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     do = stream_tile(DOD, DO + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    ts_q = offs_m
-    if HAS_TIME:
-        if MASKED:
-            ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
-        else:
-            ts_q = tl.load(QTS + q_start + offs_m)
+    ts_q = load_times(QTS, q_start, offs_m, m_ok, MASKED, HAS_TIME)
     s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
                 H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-        if ACT == 0:
-            lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
-            delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
-            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = tl.where(ok, p * (dp - delta[:, None]), 0.0)  # dp of a neighbour row's token may not be finite
-        else:
-            a, da = act_fwd_bwd(s, ACT)
-            p = tl.where(ok, a * inv_n, 0.0)
-            ds = tl.where(ok, dp * da * inv_n, 0.0)
-    else:
-        ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-        if ACT == 0:
-            lse = tl.load(LSE + (q_start + offs_m) * H + h)
-            delta = tl.load(DELTA + (q_start + offs_m) * H + h)
-            p = tl.exp2(s - lse[:, None])
-            ds = p * (dp - delta[:, None])
-        else:
-            a, da = act_fwd_bwd(s, ACT)
-            p = a * inv_n
-            ds = dp * da * inv_n
+    lse = offs_m  # read by softmax only
+    delta = offs_m
+    if ACT == 0:
+        lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
+        delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
+    p, ds = _score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     if HAS_POS:
@@ -149,31 +151,15 @@ def _dq_tile(
     kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    ts_k = offs_n
-    if HAS_TIME:
-        if MASKED:
-            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
-        else:
-            ts_k = tl.load(KTS + kv_start + offs_n)
+    ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
     s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
                 H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-        if ACT == 0:
-            p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-            ds = tl.where(ok, p * (dp - delta[:, None]), 0.0)  # dp of a neighbour row's token may not be finite
-        else:
-            _, da = act_fwd_bwd(s, ACT)
-            ds = tl.where(ok, dp * da * inv_n, 0.0)
-    else:
-        if ACT == 0:
-            p = tl.exp2(s - lse[:, None])
-            ds = p * (dp - delta[:, None])
-        else:
-            _, da = act_fwd_bwd(s, ACT)
-            ds = dp * da * inv_n
+    _, ds = _score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     return dq
 
@@ -215,9 +201,7 @@ def jagged_attn_bwd_dkdv_kernel(
     kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    ts_k = offs_n
-    if HAS_TIME:
-        ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
+    ts_k = load_times(KTS, kv_start, offs_n, n_ok, True, HAS_TIME)
 
     last = tl.minimum(nblk * BLOCK_N + BLOCK_N, kv_len) - 1
     lo, hi = q_range(nblk * BLOCK_N, last, q_len, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
@@ -304,9 +288,7 @@ def jagged_attn_bwd_dq_kernel(
     q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    ts_q = offs_m
-    if HAS_TIME:
-        ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+    ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
     lse = tl.zeros([BLOCK_M], dtype=tl.float32)  # read by softmax only
     delta = lse
     if ACT == 0:

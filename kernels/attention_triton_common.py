@@ -251,6 +251,39 @@ def time_bucket(ts_q, ts_k, NUM_TIME: tl.constexpr):
 
 
 @triton.jit
+def load_vec(ptrs, ok, other, MASKED: tl.constexpr):
+    """A per-token vector (timestamps, log-sum-exp, delta): masked by ``ok`` only when asked."""
+    if MASKED:
+        return tl.load(ptrs, mask=ok, other=other)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def load_times(TS, start, offs, ok, MASKED: tl.constexpr, HAS_TIME: tl.constexpr):
+    """Timestamps of the tokens ``start + offs`` (``offs`` itself when there is no time bias)."""
+    if HAS_TIME:
+        return load_vec(TS + start + offs, ok, 0, MASKED)
+    else:
+        return offs
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i, ok, MASKED: tl.constexpr):
+    """One tile of the online softmax (base 2): (p, alpha, new max, new sum). ``MASKED``: scores outside
+    ``ok`` are dropped, and a query that has seen no key yet keeps a finite reference of 0."""
+    if MASKED:
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = m_new
+    if MASKED:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def pos_uniform(pos_q, q_ok, pos_k, NUM_POS: tl.constexpr):
     """(every valid query of the tile and every key fall in one position bucket, that bucket).
 

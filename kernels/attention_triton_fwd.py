@@ -18,13 +18,15 @@ from kernels.attention_triton_common import (
     kernel_configs,
     kv_range,
     load_rows,
+    load_times,
+    softmax_step,
     stream_tile,
     unmasked_kv_end,
     visible,
 )
 
 # (BLOCK_N, warps, stages) by head dim (query tiles: ``attention_op._plan``); measured on an H200 with
-# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Configuration sweep").
+# benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Descriptors and measured configurations").
 DEFAULTS = {64: (64, 8, 3), 256: (64, 4, 3)}
 CANDIDATES = [(64, 4, 3), (128, 8, 3), (32, 4, 3), (64, 8, 4)]
 
@@ -52,38 +54,20 @@ def _fwd_tile(
     k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    ts_k = offs_n
-    if HAS_TIME:
-        if MASKED:
-            ts_k = tl.load(KTS + kv_start + offs_n, mask=n_ok, other=0)
-        else:
-            ts_k = tl.load(KTS + kv_start + offs_n)
+    ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
     s = add_bias(s, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME,
                  NUM_TIME, not MASKED)
+    ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-        if ACT == 0:
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        else:
-            p = tl.where(ok, act_fwd(s, ACT), 0.0)
+    if ACT == 0:
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, ok, MASKED)
+        acc = acc * alpha[:, None]
     else:
-        if ACT == 0:
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every score of the tile is real
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        else:
-            p = act_fwd(s, ACT)
+        p = act_fwd(s, ACT)
+        if MASKED:
+            p = tl.where(ok, p, 0.0)
     acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return acc, m_i, l_i
 
@@ -126,9 +110,7 @@ def jagged_attn_fwd_kernel(
 
     q_ptrs = Q + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     q = load_rows(q_ptrs, m_ok, d_ok, True, EVEN_D)
-    ts_q = offs_m
-    if HAS_TIME:
-        ts_q = tl.load(QTS + q_start + offs_m, mask=m_ok, other=0)
+    ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
 
     last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)

@@ -19,6 +19,7 @@ from kernels.attention_triton_common import (
     act_fwd_bwd,
     add_bias,
     add_table_grad,
+    bias_buckets,
     bucket_tile,
     config_prune,
     descriptor_hook,
@@ -26,7 +27,6 @@ from kernels.attention_triton_common import (
     kv_range,
     load_times,
     load_vec,
-    one_bucket,
     q_range,
     stream_tile,
     unmasked_kv_end,
@@ -51,12 +51,12 @@ def _configs(name: str) -> list[triton.Config]:
 
 
 @triton.jit
-def _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, qk_scale, bias_scale,
-            H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+def _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
+            bias_scale, H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
             NUM_TIME: tl.constexpr, PREC: tl.constexpr, WHOLE_KEYS: tl.constexpr):
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    return add_bias(s, pos_q, offs_n, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS,
-                    HAS_TIME, NUM_TIME, WHOLE_KEYS)
+    return add_bias(s, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale,
+                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, WHOLE_KEYS)
 
 
 @triton.jit
@@ -78,13 +78,12 @@ def _score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.con
 
 
 @triton.jit
-def _table_grad(DT, at_q, at_k, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
-                WHOLE_KEYS: tl.constexpr, q_ok):
+def _table_grad(DT, at_q, at_k, one, b, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
+                WHOLE_KEYS: tl.constexpr):
     """Score gradients into one bias table (``at_q``/``at_k``: positions or timestamps of the tile's
-    queries and keys): one reduced add when the whole tile shares a bucket (checked when every key of
-    the tile is real, ``WHOLE_KEYS``), else ``add_table_grad``."""
+    queries and keys): one reduced add when the tile is in one bucket ``b`` (``one``, from
+    ``bias_buckets``), else ``add_table_grad``."""
     if WHOLE_KEYS:
-        one, b = one_bucket(at_q, q_ok, at_k, NUM, IS_POS)
         if one:
             tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
         else:
@@ -112,8 +111,10 @@ def _dkdv_tile(
     q = stream_tile(QD, Q + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     do = stream_tile(DOD, DO + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     ts_q = load_times(QTS, q_start, offs_m, m_ok, MASKED, HAS_TIME)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
-                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
+    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
+                                                    NUM_TIME, not MASKED)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
+                bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     if MASKED:
@@ -128,9 +129,9 @@ def _dkdv_tile(
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     if HAS_POS:
-        _table_grad(DPOSW, pos_q, offs_n, ds, ok, h, H, NUM_POS, True, not MASKED, m_ok)
+        _table_grad(DPOSW, pos_q, offs_n, pos_one, pos_b, ds, ok, h, H, NUM_POS, True, not MASKED)
     if HAS_TIME:
-        _table_grad(DTIMEW, ts_q, ts_k, ds, ok, h, H, NUM_TIME, False, not MASKED, m_ok)
+        _table_grad(DTIMEW, ts_q, ts_k, time_one, time_b, ds, ok, h, H, NUM_TIME, False, not MASKED)
     return dk, dv
 
 
@@ -152,8 +153,10 @@ def _dq_tile(
     k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, qk_scale, bias_scale,
-                H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
+    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
+                                                    NUM_TIME, not MASKED)
+    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
+                bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:

@@ -319,21 +319,29 @@ def bucket_tile(at_q, at_k, NUM: tl.constexpr, IS_POS: tl.constexpr):
 
 
 @triton.jit
-def one_bucket(at_q, q_ok, at_k, NUM: tl.constexpr, IS_POS: tl.constexpr):
-    """(the tile's valid pairs all share one bucket, that bucket): ``pos_uniform`` / ``time_uniform``."""
-    if IS_POS:
-        return pos_uniform(at_q, q_ok, at_k, NUM)
-    else:
-        return time_uniform(at_q, q_ok, at_k, NUM)
+def bias_buckets(pos_q, pos_k, ts_q, ts_k, q_ok, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+                 HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, WHOLE_KEYS: tl.constexpr):
+    """(position tile in one bucket, that bucket, time tile in one bucket, that bucket), found once per
+    tile for the bias and its gradient. Only where every key of the tile is real (``WHOLE_KEYS``);
+    otherwise (False, 0) and every score gathers its own bucket."""
+    pos_one = False
+    pos_b = 0
+    time_one = False
+    time_b = 0
+    if WHOLE_KEYS:
+        if HAS_POS:
+            pos_one, pos_b = pos_uniform(pos_q, q_ok, pos_k, NUM_POS)
+        if HAS_TIME:
+            time_one, time_b = time_uniform(ts_q, q_ok, ts_k, NUM_TIME)
+    return pos_one, pos_b, time_one, time_b
 
 
 @triton.jit
-def add_table(s, W, at_q, at_k, q_ok, h, scale, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
+def add_table(s, W, at_q, at_k, one, b, h, scale, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
               WHOLE_KEYS: tl.constexpr):
-    """``s`` plus one bias table's values (gathered per score). ``WHOLE_KEYS``: every key of the tile is
-    real, so a tile whose scores all share a bucket adds one table value instead."""
+    """``s`` plus one bias table's values: one table value when the tile is in one bucket ``b`` (``one``,
+    from ``bias_buckets``), else a gather per score."""
     if WHOLE_KEYS:
-        one, b = one_bucket(at_q, q_ok, at_k, NUM, IS_POS)
         if one:
             s += tl.load(W + b * H + h) * scale
         else:
@@ -344,14 +352,16 @@ def add_table(s, W, at_q, at_k, q_ok, h, scale, H: tl.constexpr, NUM: tl.constex
 
 
 @triton.jit
-def add_bias(s, pos_q, pos_k, ts_q, ts_k, q_ok, h, POSW, TIMEW, bias_scale, H: tl.constexpr,
+def add_bias(s, pos_q, pos_k, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale,
+             H: tl.constexpr,
              HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
              WHOLE_KEYS: tl.constexpr):
-    """``s`` plus the position and time bias (``add_table`` for each table present)."""
+    """``s`` plus the position and time bias (``add_table`` for each table present; the one-bucket
+    flags and buckets from ``bias_buckets``)."""
     if HAS_POS:
-        s = add_table(s, POSW, pos_q, pos_k, q_ok, h, bias_scale, H, NUM_POS, True, WHOLE_KEYS)
+        s = add_table(s, POSW, pos_q, pos_k, pos_one, pos_b, h, bias_scale, H, NUM_POS, True, WHOLE_KEYS)
     if HAS_TIME:
-        s = add_table(s, TIMEW, ts_q, ts_k, q_ok, h, bias_scale, H, NUM_TIME, False, WHOLE_KEYS)
+        s = add_table(s, TIMEW, ts_q, ts_k, time_one, time_b, h, bias_scale, H, NUM_TIME, False, WHOLE_KEYS)
     return s
 
 

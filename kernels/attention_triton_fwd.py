@@ -13,6 +13,7 @@ from kernels.attention_triton_common import (
     LOG2E,
     act_fwd,
     add_bias,
+    bias_buckets,
     config_prune,
     descriptor_hook,
     kernel_configs,
@@ -55,8 +56,10 @@ def _fwd_tile(
     v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
-    s = add_bias(s, pos_q, offs_n, ts_q, ts_k, m_ok, h, POSW, TIMEW, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME,
-                 NUM_TIME, not MASKED)
+    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
+                                                    NUM_TIME, not MASKED)
+    s = add_bias(s, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale, H,
+                 HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, not MASKED)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)

@@ -42,26 +42,37 @@ def offsets_of(lens: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
 
 
-def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2, warm_ms: float = 150.0) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timed runs.
+def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2, warm_ms: float = 150.0,
+              calls: int = 1) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timings (wall clock without a GPU).
 
     Warm-up: ``warmup`` runs and at least ``warm_ms`` of wall time, so the GPU's clock is back up after
-    a pause (a compile) before timing starts.
+    a pause (a compile) before timing starts. ``calls`` > 1 runs that many calls between the events: the
+    host launches the next call while the GPU runs this one (as in training), so host work per call
+    does not add to the time unless it exceeds the GPU's.
     """
+    gpu = torch.cuda.is_available()
     t_end = time.perf_counter() + warm_ms / 1e3
     for _ in range(warmup):
         fn()
     while time.perf_counter() < t_end:
         fn()
-        torch.cuda.synchronize()
+        if gpu:
+            torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        if gpu:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if gpu:
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / calls)
+        else:
+            times.append(1e3 * (time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 

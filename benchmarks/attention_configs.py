@@ -16,19 +16,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import statistics
-import time
 from collections.abc import Callable, Iterator
 
 import torch
 import triton
 
+from benchmarks.attention import BATCHES as STANDARD_BATCHES
+from benchmarks.attention import cuda_time, lengths
 from kernels import attention_op as op
 from kernels import attention_triton_common as common
 from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
 
-BATCHES = {"A": (64, 4096, 8, 128), "B": (256, 1024, 4, 64), "tiny": (4, 96, 2, 32)}
+BATCHES = {**STANDARD_BATCHES, "tiny": (4, 96, 2, 32)}
 # (outer tile, inner tile, warps, stages): forward and dq loop over KV under a query tile, dk/dv over Q.
 FWD = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 3), (128, 32, 8, 4),
        (64, 64, 4, 3), (64, 128, 4, 3)]
@@ -42,41 +42,9 @@ KERNELS = {"fwd": (jagged_attn_fwd_kernel, "BLOCK_N", "tile_q"),
            "dq": (jagged_attn_bwd_dq_kernel, "BLOCK_N", "tile_q_bwd")}
 
 
-def lengths(batch: int, max_len: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.exp(torch.randn(batch, generator=g, dtype=torch.float64) + math.log(max_len / 4))
-    return x.clamp(16, max_len).to(torch.int64)
-
-
-def timed(fn: Callable[[], object], reps: int, warm_ms: float = 500.0) -> float:
-    """Median ms of ``fn`` (CUDA events; wall clock on CPU).
-
-    Warm-up runs for ``warm_ms`` of wall time first: after a pause (a compile) the GPU's clock needs
-    that long to come back up, and a few short runs would time the ramp instead of the kernel.
-    """
-    t_end = time.perf_counter() + warm_ms / 1e3
-    fn()
-    while time.perf_counter() < t_end:
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            # Several calls between the events: the host launches the next call while the GPU runs this
-            # one (as in training), so the host's launch work does not add to the GPU time.
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(CALLS_PER_TIMING):
-                fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / CALLS_PER_TIMING)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """Median ms per call, five calls back to back per timing, after a 500 ms warm-up."""
+    return cuda_time(fn, reps=reps, warm_ms=500.0, calls=CALLS_PER_TIMING)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import time
 import torch
 import triton
 
-from benchmarks.attention_configs import BATCHES, lengths
+from benchmarks.attention import BATCHES, lengths
 from kernels import attention_op as op
 from kernels import attention_triton_common as common
 

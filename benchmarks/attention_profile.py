@@ -14,7 +14,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.attention_configs import BATCHES, lengths
+from benchmarks.attention import BATCHES, lengths
 from kernels import jagged_attention
 
 

@@ -28,7 +28,7 @@ from kernels.attention_triton_common import (
     load_times,
     load_vec,
     q_range,
-    stream_tile,
+    stream_rows,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
@@ -103,14 +103,9 @@ def _dkdv_tile(
 ):
     """One Q tile of the dk/dv loop. ``MASKED=False``: a whole Q tile (inside the row) whose every query
     sees every key of the KV tile (no visibility mask, no bounds)."""
-    stride_t: tl.constexpr = H * HEAD_DIM
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < m_end
+    offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
+                                            HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_q = shift + offs_m
-    q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    q = stream_tile(QD, Q + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    do = stream_tile(DOD, DO + q_rows, q_start + start_m, h * HEAD_DIM, m_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    ts_q = load_times(QTS, q_start, offs_m, m_ok, MASKED, HAS_TIME)
     pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
                                                     NUM_TIME, not MASKED)
     s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
@@ -146,13 +141,8 @@ def _dq_tile(
 ):
     """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
     rows past the row's end have do = 0 and lse = +inf, so they add nothing)."""
-    stride_t: tl.constexpr = H * HEAD_DIM
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hi
-    kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
+    offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H, HEAD_DIM,
+                                           BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
                                                     NUM_TIME, not MASKED)
     s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,

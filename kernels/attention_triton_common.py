@@ -251,6 +251,21 @@ def time_bucket(ts_q, ts_k, NUM_TIME: tl.constexpr):
 
 
 @triton.jit
+def stream_rows(A, B, AD, BD, TS, row_start, first, end, h, offs_d, d_ok, H: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                USE_TMA: tl.constexpr, HAS_TIME: tl.constexpr):
+    """The tile of rows ``first .. first + BLOCK`` of a jagged row starting at token ``row_start``, from
+    two ``[tokens, H, D]`` operands streamed together (K and V, or Q and dO) and their timestamps:
+    (offsets in the row, offset < ``end``, A tile, B tile, timestamps)."""
+    offs = first + tl.arange(0, BLOCK)
+    ok = offs < end
+    rows = (row_start + offs)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    a = stream_tile(AD, A + rows, row_start + first, h * HEAD_DIM, ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    b = stream_tile(BD, B + rows, row_start + first, h * HEAD_DIM, ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    return offs, ok, a, b, load_times(TS, row_start, offs, ok, MASKED, HAS_TIME)
+
+
+@triton.jit
 def load_vec(ptrs, ok, other, MASKED: tl.constexpr):
     """A per-token vector (timestamps, log-sum-exp, delta): masked by ``ok`` only when asked."""
     if MASKED:

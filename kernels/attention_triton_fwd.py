@@ -21,7 +21,7 @@ from kernels.attention_triton_common import (
     load_rows,
     load_times,
     softmax_step,
-    stream_tile,
+    stream_rows,
     unmasked_kv_end,
     visible,
 )
@@ -48,14 +48,9 @@ def _fwd_tile(
     """One KV tile of the forward. ``MASKED=False``: every query sees every key of the tile, which lies
     inside the row (no visibility mask, no key bounds; rows past the row's end hold q = 0 and stay
     finite, and they are never stored)."""
-    stride_t: tl.constexpr = H * HEAD_DIM
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hi
-    kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    k = stream_tile(KD, K + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-    v = stream_tile(VD, V + kv_rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
+    offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H, HEAD_DIM,
+                                           BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    ts_k = load_times(KTS, kv_start, offs_n, n_ok, MASKED, HAS_TIME)
     pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
                                                     NUM_TIME, not MASKED)
     s = add_bias(s, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale, H,

@@ -16,6 +16,7 @@ from kernels.attention_spec import RelativeBias
 from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
+from kernels.attention_worklist import fits, work_list_triton
 
 Tensor = torch.Tensor
 
@@ -25,16 +26,19 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
 
     N is an upper bound computed without a device sync (``ceil(total / block) + B``); unused entries
     have row -1 and their programs exit at once. The list depends only on the offsets and ``block``, so
-    the forward's list is passed on to the backward (``work`` argument of the ops) where it fits.
+    the forward's list is passed on to the backward (``work`` argument of the ops) where it fits. On the
+    GPU one Triton launch builds it (``attention_worklist``); these torch ops are its reference.
     """
     num_rows = tile_offsets.numel() - 1
+    n_items = triton.cdiv(total, block) + num_rows
+    if tile_offsets.is_cuda and not INTERPRET and fits(num_rows, total) and not torch.compiler.is_compiling():
+        return work_list_triton(tile_offsets, other_offsets, block, n_items), n_items  # one launch
     lens = (tile_offsets[1:] - tile_offsets[:-1]).long()
     other = (other_offsets[1:] - other_offsets[:-1]).long()
     tiles = (lens + block - 1) // block
     perm = torch.argsort(other * (1 << 20) + lens, descending=True, stable=True)
     tiles_sorted = tiles[perm]
     cum = tiles_sorted.cumsum(0)
-    n_items = triton.cdiv(total, block) + num_rows
     t = torch.arange(n_items, device=tile_offsets.device)
     idx = torch.searchsorted(cum, t, right=True)
     valid = idx < num_rows

@@ -1,0 +1,225 @@
+"""Block-local self-attention as ``torch.library`` custom ops around ``attention_triton_block``.
+
+``gemtrain::block_attn_fwd`` / ``gemtrain::block_attn_bwd`` (autograd and FLOP formulas registered) serve
+``jagged_attention(..., block_size=S)`` for self-attention (one offsets tensor for both sides) with
+S <= 128; ``attention_op.jagged_attention_triton`` routes those calls here (``supports``) and keeps the
+generic kernels for everything else.
+
+Work list: items of ``group`` consecutive blocks of one row (``attention_op.work_list`` with tiles of
+``group * S`` tokens); ``group`` is as large as keeps a few waves of programs per SM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from torch.utils.flop_counter import register_flop_formula
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels import attention_triton_common as common
+from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
+from kernels.attention_triton_block import block_attn_bwd_kernel, block_attn_fwd_kernel
+from kernels.attention_triton_common import ACT_CODES, INTERPRET
+
+Tensor = torch.Tensor
+
+MAX_TILE = 128
+# (warps, stages) of the forward and the backward, by tile rows (measured on an H200:
+# benchmarks/attention.py blocksweep, benchmarks/RESULTS.md issue-5 part).
+FWD_CONFIG: dict[int, tuple[int, int]] = {16: (4, 2), 32: (4, 2), 64: (4, 2), 128: (8, 2)}
+BWD_CONFIG: dict[int, tuple[int, int]] = {16: (4, 1), 32: (4, 1), 64: (4, 1), 128: (8, 1)}
+MAX_GROUP = 8
+WAVES = 4  # programs per SM (at least) that fix the largest group
+
+
+def tile_of(block_size: int) -> int:
+    return max(16, triton.next_power_of_2(block_size))
+
+
+def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_size: int | None,
+             window: int | None) -> bool:
+    """Whether the block kernels serve this call: block-local self-attention, S <= 128, D <= 256."""
+    return (block_size is not None and window is None and 0 < block_size <= MAX_TILE
+            and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
+            and q_offsets.numel() == kv_offsets.numel() and q.shape[-1] <= 256
+            and tile_of(block_size) * max(16, triton.next_power_of_2(q.shape[-1])) <= 128 * 128)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def group_of(total: int, block_size: int, heads: int, device: torch.device) -> int:
+    """Blocks per program: the largest power of two <= MAX_GROUP that keeps WAVES programs per SM."""
+    if INTERPRET or device.type != "cuda":
+        return 2  # the interpreter's tests cover items of several blocks
+    programs = triton.cdiv(total, block_size) * heads
+    group = max(1, programs // (WAVES * _sm_count(device.index or 0)))
+    return min(MAX_GROUP, 1 << (group.bit_length() - 1))
+
+
+def block_work(offsets: Tensor, total: int, block_size: int, group: int) -> Tensor:
+    from kernels.attention_op import work_list  # attention_op imports this module lazily
+
+    return work_list(offsets, offsets, block_size * group, total)[0]
+
+
+def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
+    if not enabled:
+        return t
+    tokens, heads, dim = t.shape
+    return TensorDescriptor(t, [tokens, heads * dim], [heads * dim, 1], [tile, dim])
+
+
+def _meta(q: Tensor, activation: str, causal: bool, block_size: int, norm: int, num_targets: Tensor | None,
+          pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, config: tuple[int, int]) -> dict:
+    tile = tile_of(block_size)
+    return dict(
+        H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])), S=block_size,
+        TILE=tile, ACT=ACT_CODES[activation], CAUSAL=causal, HAS_NT=num_targets is not None,
+        HAS_POS=pos_weight is not None, NUM_POS=1 if pos_weight is None else pos_weight.shape[0],
+        HAS_TIME=time_weight is not None, NUM_TIME=1 if time_weight is None else time_weight.shape[0],
+        NORM_ROW=norm == 0, PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
+        STAGES=1 if INTERPRET else config[1], num_warps=config[0],
+    )
+
+
+def _unset(like: Tensor, shape: tuple | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """Buffer the kernels fill completely; NaN-poisoned under the interpreter so tests see holes."""
+    t = torch.empty(like.shape if shape is None else shape, dtype=dtype or like.dtype, device=like.device)
+    return t.fill_(float("nan")) if INTERPRET else t
+
+
+def _ptr(t: Tensor | None, fallback: Tensor) -> Tensor:
+    return fallback if t is None else t
+
+
+@torch.library.custom_op("gemtrain::block_attn_fwd", mutates_args=())
+def block_attn_fwd(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
+    time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, norm: int, group: int, work: Tensor,
+) -> tuple[Tensor, Tensor]:
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
+    out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
+    tile = tile_of(block_size)
+    tma = common.use_tma([q, k, v], q.shape[2], max(16, triton.next_power_of_2(q.shape[2])))
+    meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
+                 FWD_CONFIG[tile])
+    block_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
+        q, k, v, _desc(q, tile, tma), _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets,
+        _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
+        _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), scale, float(max(norm, 1)), group, **meta,
+    )
+    return out, lse
+
+
+@block_attn_fwd.register_fake
+def _(q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation, causal,
+      scale, block_size, norm, group, work):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("gemtrain::block_attn_bwd", mutates_args=())
+def block_attn_bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, offsets: Tensor,
+    num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, norm: int, group: int, work: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
+    dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
+                        device=q.device)
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), _cast(dpos, pos_weight), \
+            _cast(dtime, time_weight)
+    do = do.contiguous()
+    dq, dk, dv = _unset(q), _unset(k), _unset(v)
+    tile = tile_of(block_size)
+    tma = common.use_tma([q, k, v, out, do], q.shape[2], max(16, triton.next_power_of_2(q.shape[2])))
+    meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
+                 BWD_CONFIG[tile])
+    block_attn_bwd_kernel[(work.shape[0] * q.shape[1],)](
+        q, k, v, out, do, *(_desc(t, tile, tma) for t in (q, k, v, out, do)), lse, dq, dk, dv, offsets,
+        _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
+        dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
+        _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), scale, float(max(norm, 1)), group, **meta,
+    )
+    return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+
+
+def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
+    return grad if table is None else grad.to(table.dtype)
+
+
+@block_attn_bwd.register_fake
+def _(do, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
+      activation, causal, scale, block_size, norm, group, work):
+    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
+    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, rest[-1])
+    ctx.rest = rest[:-1]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = ctx.saved_tensors
+    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.block_attn_bwd(
+        dout, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *ctx.rest, work,
+    )
+    return (dq, dk, dv, None, None, dpos if pos_weight is not None else None,
+            dtime if time_weight is not None else None) + (None,) * 9
+
+
+block_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, block_size: int, tokens: int) -> int:
+    try:
+        return visible_pairs(offsets, offsets, causal=causal, block_size=block_size, num_targets=num_targets)
+    except Exception:  # fake/meta offsets (tracing): no values, so assume whole blocks
+        return tokens * (block_size + 1) // 2 if causal else tokens * block_size
+
+
+@register_flop_formula(torch.ops.gemtrain.block_attn_fwd, get_raw=True)
+def _fwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[0]
+    return 4 * _pairs(args[3], args[4], args[10], args[12], q.shape[0]) * q.shape[1] * q.shape[2]
+
+
+@register_flop_formula(torch.ops.gemtrain.block_attn_bwd, get_raw=True)
+def _bwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[1]
+    pairs = _pairs(args[6], args[7], args[13], args[15], q.shape[0])
+    return int(BACKWARD_FACTOR * 4 * pairs * q.shape[1] * q.shape[2])
+
+
+def block_attention(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, activation: str, causal: bool, scale: float,
+    block_size: int, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None, norm: int,
+) -> Tensor:
+    """Block-local self-attention through the custom ops (inputs contiguous, validated by the caller)."""
+    group = group_of(q.shape[0], block_size, q.shape[1], q.device)
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        work = torch.zeros((0, 2), dtype=torch.int32, device=q.device)
+    else:
+        work = block_work(offsets, q.shape[0], block_size, group)
+    out, _ = torch.ops.gemtrain.block_attn_fwd(
+        q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation,
+        bool(causal), float(scale), int(block_size), int(norm), group, work,
+    )
+    return out
+
+
+__all__ = ["block_attention", "supports"]

@@ -31,6 +31,7 @@ Every quantizer has a PyTorch reference (``backend="ref"``, any device) and a Tr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -383,28 +384,34 @@ def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3") -
                         (m.shape[0], m.shape[1]), "tensorwise")
 
 
-def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto") -> ScaledTensor:
-    """Tensorwise quantization of ``x`` (axis=1) or its transposed layout (axis=0); see the reference."""
+def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto",
+                        col_sums: bool = False) -> Any:
+    """Tensorwise quantization of ``x`` (axis=1) or its transposed layout (axis=0); see the reference.
+    With ``col_sums``, returns ``(ScaledTensor, x.sum(0) in fp32)``: the amax pass, which reads ``x``
+    anyway, sums its columns (the bias gradient when ``x`` is dY)."""
     if _pick_backend(backend, x, "quantize_tensorwise") == "ref":
-        return quantize_tensorwise_ref(x, axis, fmt)
+        q = quantize_tensorwise_ref(x, axis, fmt)
+        return (q, x.float().sum(0)) if col_sums else q
     _check_2d(x, "quantize_tensorwise")
     _fmt(fmt, "quantize_tensorwise")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize_tensorwise(x, axis == 1, axis == 0, fmt)
-    out = rows if axis == 1 else cols
-    return ScaledTensor(*out, "tensorwise")
+    rows, cols, *sums = mx_triton.quantize_tensorwise(x, axis == 1, axis == 0, fmt, col_sums=col_sums)
+    q = ScaledTensor(*(rows if axis == 1 else cols), "tensorwise")
+    return (q, *sums) if col_sums else q
 
 
-def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto"
-                             ) -> tuple[ScaledTensor, ScaledTensor]:
+def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto", col_sums: bool = False
+                             ) -> tuple:
     """Both tensorwise layouts (``x`` and ``x.T``, one shared scale); Triton: an amax pass, then one pass
-    that reads ``x`` once and writes both layouts."""
+    that reads ``x`` once and writes both layouts. With ``col_sums`` a third item holds ``x.sum(0)`` in fp32
+    (from the amax pass)."""
     if _pick_backend(backend, x, "quantize_tensorwise_both") == "ref":
-        return quantize_tensorwise_ref(x, 1, fmt), quantize_tensorwise_ref(x, 0, fmt)
+        out = (quantize_tensorwise_ref(x, 1, fmt), quantize_tensorwise_ref(x, 0, fmt))
+        return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "quantize_tensorwise_both")
     _fmt(fmt, "quantize_tensorwise_both")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize_tensorwise(x, True, True, fmt)
-    return ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise")
+    rows, cols, *sums = mx_triton.quantize_tensorwise(x, True, True, fmt, col_sums=col_sums)
+    return (ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise"), *sums)

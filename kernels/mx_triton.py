@@ -355,6 +355,7 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: in
 # (rows, cols, warps) of the cast pass: best of a 5-tile sweep on an H200 (benchmarks/RESULTS.md, 2026-11-29)
 TENSORWISE_TILES: tuple[int, int, int] = (64, 256, 8)
 TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 256, 8)  # (rows, cols, warps) per loop step of the amax pass
+TENSORWISE_AMAX_PROGRAMS = 1024  # programs of the amax pass in all (each loops over its share of the row tiles)
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
 
@@ -370,19 +371,27 @@ def _pow2_scale(amax_bits, EMAX: tl.constexpr):
 
 
 @triton.jit
-def _amax_all_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, ROW_STEP, TR: tl.constexpr, TC: tl.constexpr):
+def _amax_all_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, ROW_STEP, cs_ptr, scs,
+                     TR: tl.constexpr, TC: tl.constexpr, COLSUM: tl.constexpr):
     """|x| max over the whole matrix as fp32 bits (integer max: NaN > Inf > finite): each program walks row
-    tiles pid_r, pid_r + ROW_STEP, ... of one column tile, then one atomic max into ``amax_ptr`` (zeroed)."""
+    tiles pid_r, pid_r + ROW_STEP, ... of one column tile, then one atomic max into ``amax_ptr`` (zeroed).
+    ``COLSUM``: each program also writes the fp32 column sums of its rows to ``cs[pid_r, cols]`` (the bias
+    gradient when x is dY, from the same read), reduced over the ROW_STEP rows of ``cs`` by the caller."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     acc = tl.zeros((TR, TC), dtype=tl.int32)
+    csum = tl.zeros((TC,), dtype=tl.float32)
     for r0 in range(pid_r * TR, R, ROW_STEP * TR):
         rr = (r0 + tl.arange(0, TR)).to(tl.int64)
         x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
                     other=0.0).to(tl.float32)
         acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        if COLSUM:
+            csum += tl.sum(x, axis=0)
     tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
+    if COLSUM:
+        tl.store(cs_ptr + pid_r * scs + cc, csum, mask=cc < C)
 
 
 @triton.jit
@@ -414,32 +423,40 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
 
 
 def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
-                    row_step: int | None = None) -> torch.Tensor:
+                    row_step: int | None = None, col_sums: bool = False):
     """|x| max as fp32 bits in a [1] int32 device tensor (NaN > Inf > finite); no host sync.
-    ``row_step``: programs along the rows (default: enough to fill the GPU; on CPU one per row tile)."""
+    ``row_step``: programs along the rows (default: about ``TENSORWISE_AMAX_PROGRAMS`` programs in all; on CPU
+    one per row tile). ``col_sums``: return ``(amax, fp32 column sums of x [C])``, summed in the same read."""
     r, c = x.shape
     tr, tc, nw = tiles or TENSORWISE_AMAX_TILES
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
     col_tiles, row_tiles = triton.cdiv(c, tc), triton.cdiv(r, tr)
     # enough programs to fill the GPU a few times over; each loops over its share of the row tiles
     if row_step is None:
-        row_step = max(1, min(row_tiles, 1024 // col_tiles)) if x.is_cuda else row_tiles
+        row_step = max(1, min(row_tiles, TENSORWISE_AMAX_PROGRAMS // col_tiles)) if x.is_cuda else row_tiles
+    cs = torch.empty(row_step if col_sums else 1, c if col_sums else 1, dtype=torch.float32, device=x.device)
     if r and c:
-        _amax_all_kernel[(row_step, col_tiles)](x, r, c, x.stride(0), x.stride(1), amax, row_step,
-                                                TR=tr, TC=tc, num_warps=nw)
-    return amax
+        _amax_all_kernel[(row_step, col_tiles)](x, r, c, x.stride(0), x.stride(1), amax, row_step, cs,
+                                                cs.stride(0), TR=tr, TC=tc, COLSUM=col_sums, num_warps=nw)
+    elif col_sums:
+        cs.zero_()
+    return (amax, cs.sum(0)) if col_sums else amax
 
 
 def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
-                        tiles: tuple[int, int, int] | None = None):
+                        tiles: tuple[int, int, int] | None = None, col_sums: bool = False):
     """Tensorwise quantize. Returns ((q [R, Cp], scale [], (R, C)) | None, (qt [C, Rp], scale [], (C, R)) | None),
-    Cp/Rp rounded up to 16 (zero padding)."""
+    Cp/Rp rounded up to 16 (zero padding); with ``col_sums`` a third item, the fp32 column sums of ``x``
+    (summed by the amax pass, which reads ``x`` anyway)."""
     r, c = x.shape
     dev = x.device
     e5, fmax, emax = _FMT[fmt]
     dt = torch.float8_e5m2 if e5 else torch.float8_e4m3fn
     cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
-    amax = tensorwise_amax(x)
+    if col_sums:
+        amax, sums = tensorwise_amax(x, col_sums=True)
+    else:
+        amax = tensorwise_amax(x)
     scale = torch.empty((), dtype=torch.float32, device=dev)
     tr, tc, nw = tiles or TENSORWISE_TILES
     dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
@@ -451,4 +468,4 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
                                   EMAX=emax, num_warps=nw)
     rows = (q.view(dt), scale, (r, c)) if row else None
     cols = (qt.view(dt), scale, (c, r)) if col else None
-    return rows, cols
+    return (rows, cols, sums) if col_sums else (rows, cols)

@@ -117,3 +117,36 @@ def test_rowwise_scales_gather_over_several_tiles():
         ref, tri = mx.quantize_rowwise(x, axis, backend="ref"), mx.quantize_rowwise(x, axis, backend="triton")
         assert torch.equal(bits(tri.data), bits(ref.data)) and torch.equal(bits(tri.scale), bits(ref.scale))
     assert mx.dequantize_scaled(mx.quantize_rowwise(x, 1, backend="triton"))[70].isnan().all()
+
+
+@pytest.mark.parametrize("row_step", [1, 3])
+def test_amax_pass_column_sums_are_the_bias_gradient(row_step):
+    """col_sums: the amax pass also sums each column over all row tiles (partial sums per program, added by
+    the caller); the amax and the codes stay the reference's bit for bit."""
+    x = finite_wide(200, 70, torch.bfloat16, seed=6)
+    amax, sums = mx_triton.tensorwise_amax(x, row_step=row_step, col_sums=True)
+    assert amax.item() == (x.float().view(torch.int32) & 0x7FFFFFFF).max().item()
+    torch.testing.assert_close(sums, x.float().sum(0), rtol=1e-5, atol=1e-5)
+    for backend in ("ref", "triton"):
+        rows, cols, db = mx.quantize_tensorwise_both(x, "e5m2", backend=backend, col_sums=True)
+        assert torch.equal(bits(rows.data), bits(mx.quantize_tensorwise_ref(x, 1, "e5m2").data))
+        assert torch.equal(bits(cols.data), bits(mx.quantize_tensorwise_ref(x, 0, "e5m2").data))
+        torch.testing.assert_close(db, x.float().sum(0), rtol=1e-5, atol=1e-5)
+        q, db1 = mx.quantize_tensorwise(x, 1, "e4m3", backend=backend, col_sums=True)
+        assert torch.equal(bits(q.data), bits(mx.quantize_tensorwise_ref(x, 1, "e4m3").data))
+        torch.testing.assert_close(db1, x.float().sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_linear_plan_takes_the_bias_gradient_from_the_tensorwise_quantizer():
+    """The native tensorwise plan (Triton quantizers, here under the interpreter) hands back dY's column sums
+    with both layouts and with the row layout alone, as the backward uses them."""
+    from kernels.fp8_linear import FUSED_BIAS_GRAD, _Plan
+
+    assert "tensorwise" in FUSED_BIAS_GRAD
+    plan = _Plan("tensorwise", True, False, "triton", grad_format="e5m2")
+    dy = finite_wide(48, 32, torch.float32, seed=7)
+    a, b, db = plan.act_both(dy, col_sums=True, grad=True)
+    assert a.data.dtype == b.data.dtype == torch.float8_e5m2
+    a1, db1 = plan.act(dy, 1, grad=True, col_sums=True)
+    assert torch.equal(bits(a1.data), bits(a.data)) and torch.equal(db1, db)
+    torch.testing.assert_close(db, dy.sum(0), rtol=1e-6, atol=1e-6)

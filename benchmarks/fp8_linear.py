@@ -1,6 +1,6 @@
 """FP8 linear layers and quantizers on one GPU: check, then time, then print one table.
 
-    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--json OUT.json]
+    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--profile] [--json OUT.json]
 
 1. Checks (fresh random data): Triton quantizers bit-identical to the PyTorch reference on the GPU
    (special values and fp32 subnormals included); each native recipe's output and gradients against
@@ -11,6 +11,11 @@
    the same run.
 4. GEMMs alone (operands quantized beforehand) on the mlp-up shape: output, input-gradient and
    weight-gradient GEMM of each recipe against bf16, to split a recipe's time into GEMMs and quantization.
+5. ``--profile`` (first, before the rest): a sweep of the tensorwise amax pass's tiles and program count;
+   a torch.profiler kernel table (top 15 by CUDA time, per step) of one fwd+bwd step of bf16 ``nn.Linear``
+   and of the tensorwise layer on 65536x1024->4096, with each step's wall time, GPU busy time and idle
+   gap; and ablations of the tensorwise step (forward only, no bias, bias outside the GEMM epilogue, bias
+   gradient as a separate sum), each against bf16 in the same run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import triton
@@ -104,6 +110,10 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
                 ok = (bits_equal(a.data, ra.data) and bits_equal(b.data, rb.data)
                       and bits_equal(a.scale.reshape(1), ra.scale.reshape(1)))
                 rows.append((f"tensorwise {fmt} both layouts {tag} {dt}", str(ok)))
+        a, b, sums = mx.quantize_tensorwise_both(xf.to(dev), "e5m2", backend="triton", col_sums=True)
+        ok = bits_equal(a.data, mx.quantize_tensorwise_ref(xf, 1, "e5m2").data)
+        err = rel(sums.cpu(), xf.double().sum(0))
+        rows.append((f"tensorwise e5m2 both layouts + column sums {dt}: codes bit-exact, sums rel. err", f"{ok} {err:.1e}"))
     return rows
 
 
@@ -297,21 +307,210 @@ def time_gemms(dev: str, m: int = 65536, k: int = 1024, n: int = 4096) -> list[d
     return out
 
 
+def _layer_inputs(dev: str, m: int, k: int, n: int, bias: bool = True):
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    return x, dy, nn.Linear(k, n, bias=bias, device=dev, dtype=torch.bfloat16)
+
+
+def _fwd_bwd(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, base: nn.Linear, backward: bool = True):
+    def f():
+        x.grad = None
+        base.weight.grad = None
+        if base.bias is not None:
+            base.bias.grad = None
+        y = mod(x)
+        if backward:
+            y.backward(dy)
+    return f
+
+
+def sweep_amax(dev: str) -> list[dict]:
+    """Tiles x program count of the tensorwise amax pass on dY-sized 65536x4096 bf16 (read-only bytes / time);
+    the best becomes the default for the rest of this run."""
+    torch.manual_seed(0)
+    x = torch.randn(65536, 4096, device=dev, dtype=torch.bfloat16)
+    t_copy = bench(lambda: x.clone())
+    copy_bw = 2 * x.numel() * 2 / t_copy / 1e9
+    out = []
+    for tiles in [(64, 256, 8), (32, 256, 4), (16, 512, 4), (64, 128, 4), (128, 128, 8), (32, 512, 8)]:
+        col_tiles = triton.cdiv(x.shape[1], tiles[1])
+        for programs in (528, 1024, 2112):
+            row_step = max(1, min(triton.cdiv(x.shape[0], tiles[0]), programs // col_tiles))
+            try:
+                t = bench(lambda tiles=tiles, rs=row_step: mx_triton.tensorwise_amax(x, tiles, rs), rep=50)
+                tc = bench(lambda tiles=tiles, rs=row_step: mx_triton.tensorwise_amax(x, tiles, rs, col_sums=True),
+                           rep=50)
+            except Exception as e:
+                print(f"amax tiles {tiles} x {programs}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+                continue
+            bw = x.numel() * 2 / t / 1e9
+            out.append(dict(tiles=list(tiles), programs=programs, ms=t, ms_colsum=tc, tbps=bw,
+                            pct_copy=100 * bw / copy_bw))
+    best = min(out, key=lambda r: r["ms_colsum"])  # the backward uses the column-sum variant
+    mx_triton.TENSORWISE_AMAX_TILES = tuple(best["tiles"])
+    mx_triton.TENSORWISE_AMAX_PROGRAMS = best["programs"]
+    return out
+
+
+def _kernel_profile(f, steps: int) -> dict:
+    """One warm step profiled ``steps`` times: kernel table per step, wall / GPU busy / idle per step, and the
+    host's runtime calls that wait for the device."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        f()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(steps):
+        f()
+    e1.record()
+    torch.cuda.synchronize()
+    wall = e0.elapsed_time(e1) / steps
+    h0 = time.perf_counter()
+    for _ in range(steps):
+        f()
+    host = (time.perf_counter() - h0) * 1e3 / steps
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            f()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    spans, waits = [], {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            kernels.setdefault(e.name, []).append(e.time_range.elapsed_us())
+            spans.append((e.time_range.start, e.time_range.end))
+        elif any(w in e.name for w in ("Synchronize", "cudaMemcpy", "cudaMalloc", "cudaFree")):
+            waits[e.name] = waits.get(e.name, 0) + 1
+    spans.sort()
+    busy, end = 0.0, -1.0
+    for a, b in spans:  # union of the kernel intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    rows = sorted(((name, sum(v) / steps / 1e3, len(v) / steps) for name, v in kernels.items()),
+                  key=lambda r: -r[1])
+    first = min(a for a, _ in spans) if spans else 0.0
+    return dict(wall_ms=wall, host_ms=host, busy_ms=busy / steps / 1e3, span_ms=(end - first) / steps / 1e3,
+                kernel_ms=sum(r[1] for r in rows), launches=sum(r[2] for r in rows),
+                top=[dict(kernel=nm, ms=ms, calls=c) for nm, ms, c in rows[:15]],
+                host_waits={k: v / steps for k, v in waits.items()})
+
+
+def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, steps: int = 10) -> dict:
+    """Kernel tables of bf16 nn.Linear and the tensorwise layer (and the fastest recipe for reference), then
+    ablations of the tensorwise step timed against bf16 in the same run."""
+    from kernels import fp8_linear
+
+    x, dy, base = _layer_inputs(dev, m, k, n)
+    tw = Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise"))
+    profs = {"bf16 nn.Linear": _kernel_profile(_fwd_bwd(base, x, dy, base), steps),
+             "tensorwise (dY e5m2)": _kernel_profile(_fwd_bwd(tw, x, dy, base), steps)}
+    fp8_linear.FUSED_BIAS_GRAD.discard("tensorwise")
+    try:
+        profs["tensorwise, db as a separate sum"] = _kernel_profile(_fwd_bwd(tw, x, dy, base), steps)
+    finally:
+        fp8_linear.FUSED_BIAS_GRAD.add("tensorwise")
+    bw = Fp8Linear.from_linear(base, Fp8Config(recipe="blockwise", wgrad="bf16"))
+    profs["blockwise wgrad=bf16"] = _kernel_profile(_fwd_bwd(bw, x, dy, base), steps)
+
+    abl = []
+    t_ref = bench(_fwd_bwd(base, x, dy, base))
+
+    def add(label: str, t: float, ref: float = t_ref) -> None:
+        abl.append(dict(variant=label, ms=t, ratio=ref / t))
+
+    add("bf16 nn.Linear fwd+bwd", t_ref)
+    add("tensorwise fwd+bwd", bench(_fwd_bwd(tw, x, dy, base)))
+    fp8_linear.FUSED_BIAS_GRAD.discard("tensorwise")
+    try:
+        add("tensorwise fwd+bwd, db as a separate sum (before)", bench(_fwd_bwd(tw, x, dy, base)))
+    finally:
+        fp8_linear.FUSED_BIAS_GRAD.add("tensorwise")
+    key = "tensorwise/torch.bfloat16"
+    saved = fp8_linear._BIAS_FUSION.get(key)
+    fp8_linear._BIAS_FUSION[key] = False
+    try:
+        add("tensorwise fwd+bwd, bias added after the GEMM (no epilogue)", bench(_fwd_bwd(tw, x, dy, base)))
+    finally:
+        if saved is None:
+            fp8_linear._BIAS_FUSION.pop(key, None)
+        else:
+            fp8_linear._BIAS_FUSION[key] = saved
+    add("tensorwise wgrad=bf16 fwd+bwd", bench(_fwd_bwd(Fp8Linear.from_linear(base, Fp8Config(
+        recipe="tensorwise", wgrad="bf16")), x, dy, base)))
+    t_fwd = bench(_fwd_bwd(base, x, dy, base, backward=False))
+    add("bf16 nn.Linear fwd only", t_fwd, t_fwd)
+    add("tensorwise fwd only (both layouts of x kept)", bench(_fwd_bwd(tw, x, dy, base, backward=False)), t_fwd)
+    x2, dy2, base2 = _layer_inputs(dev, m, k, n, bias=False)
+    t_nb = bench(_fwd_bwd(base2, x2, dy2, base2))
+    add("bf16 nn.Linear fwd+bwd, no bias", t_nb, t_nb)
+    add("tensorwise fwd+bwd, no bias", bench(_fwd_bwd(Fp8Linear.from_linear(base2, Fp8Config(recipe="tensorwise")),
+                                                     x2, dy2, base2)), t_nb)
+    return dict(profiles=profs, ablations=abl)
+
+
+def print_profile(res: dict, amax: list[dict]) -> None:
+    print("\n## tensorwise amax pass on 65536x4096 bf16 (tiles x programs; read-only TB/s; best first)")
+    print("| tiles (rows, cols, warps) | programs | ms | ms with column sums | TB/s | % of copy |\n|---|---|---|---|---|---|")
+    for r in sorted(amax, key=lambda r: r["ms_colsum"])[:6]:
+        print(f"| {r['tiles']} | {r['programs']} | {r['ms']:.3f} | {r['ms_colsum']:.3f} | {r['tbps']:.2f} | "
+              f"{r['pct_copy']:.0f}% |")
+    print("\n## profile, one fwd+bwd step of 65536x1024->4096 (per step; wall = CUDA events over back-to-back steps)")
+    print("| variant | wall ms | GPU busy ms | idle ms | kernel sum ms | launches | host enqueue ms | host waits |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, p in res["profiles"].items():
+        waits = ", ".join(f"{k} {v:g}" for k, v in p["host_waits"].items()) or "none"
+        print(f"| {name} | {p['wall_ms']:.3f} | {p['busy_ms']:.3f} | {p['wall_ms'] - p['busy_ms']:.3f} | "
+              f"{p['kernel_ms']:.3f} | {p['launches']:g} | {p['host_ms']:.3f} | {waits} |")
+    for name in ("bf16 nn.Linear", "tensorwise (dY e5m2)"):
+        print(f"\n### top kernels by CUDA time: {name}\n| kernel | ms/step | calls/step |\n|---|---|---|")
+        for r in res["profiles"][name]["top"]:
+            print(f"| {r['kernel'][:90]} | {r['ms']:.3f} | {r['calls']:g} |")
+    print("\n## tensorwise ablations (do_bench medians; ratio = bf16 time of the same kind / variant)")
+    print("| variant | ms | ratio |\n|---|---|---|")
+    for r in res["ablations"]:
+        print(f"| {r['variant']} | {r['ms']:.3f} | {r['ratio']:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="interaction shapes only")
     ap.add_argument("--mlp-only", action="store_true", help="the two large MLP shapes only")
     ap.add_argument("--sweep", action="store_true", help="try several tile shapes per quantizer")
+    ap.add_argument("--profile", action="store_true",
+                    help="first: amax sweep, kernel tables and ablations of the tensorwise layer")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev = "cuda"
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    prof = None
+    if args.profile:
+        try:
+            amax = sweep_amax(dev)
+            prof = profile_tensorwise(dev)
+            print_profile(prof, amax)
+            if args.json:
+                with open(args.json + ".profile.json", "w") as f:
+                    json.dump(dict(amax=amax, **prof), f, indent=1)
+        except Exception as e:  # report and go on: the recipe table below must still run
+            import traceback
+
+            traceback.print_exc()
+            print(f"\n## profile FAILED: {type(e).__name__}: {str(e)[:300]}")
+        sys.stdout.flush()
     checks = check_quantizers(dev) + check_linears(dev)
     copy_bw, quant = time_quantizers(dev, args.sweep)  # first: the linears then use the best tiles
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
     gemms = time_gemms(dev)
     lin = time_linears(dev, shapes)
-    print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES)
+    print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES, "amax:",
+          mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant, gemms=gemms), f, indent=1)

@@ -1,6 +1,7 @@
 """Quality of the FP8 recipes: the same training run in bf16 and under each FP8 precision policy.
 
-    PYTHONPATH=. python benchmarks/fp8_quality.py [--steps 200] [--variants a,b] [--parallel 4] [--gpus 0,1]
+    PYTHONPATH=. python benchmarks/fp8_quality.py [--steps 200] [--variants a,b] [--parallel 2] [--gpus 0,1]
+                                                  [--gpu-after 1:/tmp/bench.done] [--deadline 250]
     PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
 
 Every variant is one `train.trainer.Trainer` run of the same config (``configs/gem_medium.yaml`` on the GPU),
@@ -10,8 +11,9 @@ held-out click and conversion NE of each run (from its summary.json) and the rel
 (non-deterministic GPU reductions), the scale against which the FP8 differences are read. Target: relative
 NE difference <= 0.1%.
 
-On the GPU each variant runs in its own process (``--parallel`` at a time, spread over ``--gpus``); the
-synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
+On the GPU each variant runs in its own process (``--parallel`` at a time, spread over ``--gpus``, at most
+ceil(parallel / number of GPUs) on one GPU; ``--gpu-after 1:FILE`` keeps GPU 1 free until FILE exists, so a
+benchmark can use it first); the synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
 process with ``emulate: true`` (quantize -> dequantize reference of every recipe, FP8 attention's reference)
 on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
 """
@@ -118,8 +120,8 @@ def ne_of(summary: dict | None, task: str) -> float:
 def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
     """Markdown rows: held-out NE per task and the relative difference (variant / baseline - 1) in %."""
     base = results.get(baseline)
-    rows = ["| variant | click NE | rel. diff | conversion NE | rel. diff | steps | train s | status |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| variant | click NE | rel. diff | conversion NE | rel. diff | steps | train s | last-window ex/s | status |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, s in results.items():
         cells = [name]
         for t in TASKS:
@@ -127,7 +129,9 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
             diff = (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
             cells += [f"{ne:.5f}", "" if name == baseline else f"{diff:+.3f}%"]
         ok = s is not None and "error" not in s
+        last = (s or {}).get("train_last") or {}
         cells += [str(s.get("steps", "")) if s else "", f"{s.get('train_seconds', math.nan):.1f}" if s else "",
+                  f"{last['examples_per_s']:.0f}" if "examples_per_s" in last else "",
                   "ok" if ok else f"FAILED {(s or {}).get('error', 'no summary')}"[:160]]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -173,12 +177,30 @@ def _dir_name(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+def _gpu_ready(gpu: str | None, after: dict[str, Path]) -> bool:
+    """A GPU named in ``--gpu-after GPU:FILE`` takes runs only once FILE exists (another job used it first)."""
+    return gpu is None or gpu not in after or after[gpu].exists()
+
+
+def pick_gpu(gpus: list[str | None], busy: list[str | None], per_gpu: int,
+             after: dict[str, Path]) -> str | None | bool:
+    """The ready GPU with the fewest runs (``busy``: the GPU of each running process) and fewer than
+    ``per_gpu``; False when none has room. Ties go to the GPU listed first."""
+    load = {g: busy.count(g) for g in gpus if _gpu_ready(g, after)}
+    free = [g for g in load if load[g] < per_gpu]
+    return min(free, key=lambda g: load[g]) if free else False
+
+
 def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict | None]:
+    """``--parallel`` processes at a time, at most ceil(parallel / len(gpus)) on one GPU: each new run goes to
+    a ready GPU with the fewest runs on it (so with --parallel equal to the GPU count, one run per GPU)."""
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus else [None]
+    per_gpu = -(-args.parallel // len(gpus))
+    after = dict(_parse_after(a) for a in args.gpu_after)
     pending = list(names)
     running: dict[str, subprocess.Popen] = {}
+    on_gpu: dict[str, str | None] = {}
     results: dict[str, dict | None] = {n: None for n in names}
-    i = 0
     t_end = time.monotonic() + args.deadline if args.deadline else math.inf
     while pending or running:
         if time.monotonic() > t_end:
@@ -193,15 +215,20 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
                 results[n] = {"error": "not started before the deadline"}
             break
         while pending and len(running) < args.parallel:
+            gpu = pick_gpu(gpus, list(on_gpu.values()), per_gpu, after)
+            if gpu is False:
+                break
             n = pending.pop(0)
-            running[n] = _spawn(n, args.run_root / _dir_name(n), gpus[i % len(gpus)], args, extra)
-            i += 1
+            running[n] = _spawn(n, args.run_root / _dir_name(n), gpu, args, extra)
+            on_gpu[n] = gpu
+            print(f"{n}: started on GPU {gpu}", file=sys.stderr, flush=True)
         time.sleep(1.0)
         for n, p in list(running.items()):
             if p.poll() is None:
                 continue
             p.log.close()  # type: ignore[attr-defined]
             del running[n]
+            del on_gpu[n]
             f = args.run_root / _dir_name(n) / "summary.json"
             if p.returncode == 0 and f.exists():
                 results[n] = json.loads(f.read_text())
@@ -211,6 +238,13 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
             print(f"{n}: done ({'ok' if 'error' not in results[n] else results[n]['error']})",
                   file=sys.stderr, flush=True)
     return results
+
+
+def _parse_after(spec: str) -> tuple[str, Path]:
+    gpu, sep, path = spec.partition(":")
+    if not sep or not gpu or not path:
+        raise QualityError(f"fp8_quality: --gpu-after takes GPU:FILE (e.g. 1:/tmp/bench.done), got {spec!r}")
+    return gpu, Path(path)
 
 
 def main(argv: list[str]) -> int:
@@ -225,6 +259,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--variants", default=None, help="comma-separated names (default: all; CPU: a subset)")
     ap.add_argument("--parallel", type=int, default=1, help="GPU: processes at a time")
     ap.add_argument("--gpus", default="", help="GPU: comma-separated CUDA device ids to spread runs over")
+    ap.add_argument("--gpu-after", action="append", default=[], metavar="GPU:FILE",
+                    help="GPU: start runs on GPU only once FILE exists (a benchmark uses it first); repeatable")
     ap.add_argument("--run-root", type=Path, default=None)
     ap.add_argument("--data-dir", type=Path, default=None, help="train/ and eval/ synthetic splits (written if absent)")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries here")

@@ -48,3 +48,18 @@ def test_variant_overrides_put_the_policy_in_the_precision_section():
     assert not any(o.startswith("--precision.") for o in mod.variant_overrides("bf16", 7, None, True, []))
     with pytest.raises(mod.QualityError, match="unknown variant"):
         mod.variant_overrides("fp4", 7, None, True, [])
+
+
+def test_pick_gpu_keeps_one_run_per_gpu_and_waits_for_a_gpu_held_by_a_benchmark(tmp_path):
+    mod = _load()
+    done = tmp_path / "bench.done"
+    after = {"1": done}
+    assert mod.pick_gpu(["0", "1"], [], 1, after) == "0"
+    assert mod.pick_gpu(["0", "1"], ["0"], 1, after) is False  # GPU 1 still held, GPU 0 full
+    done.touch()
+    assert mod.pick_gpu(["0", "1"], ["0"], 1, after) == "1"
+    assert mod.pick_gpu(["0", "1"], ["0", "1"], 1, after) is False
+    assert mod.pick_gpu(["0", "1"], ["0", "1", "0"], 2, after) == "1"  # fewest runs first
+    assert mod.pick_gpu([None], [], 1, {}) is None  # no --gpus: the default device
+    with pytest.raises(mod.QualityError, match="GPU:FILE"):
+        mod._parse_after("1")

@@ -1,0 +1,106 @@
+"""One-pass block-local self-attention kernels (``kernels.attention_block_op``, interpreter): accuracy against
+the float64 reference, locality, and that ``jagged_attention`` routes block-local self-attention to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import kernels.attention_block_op  # noqa: F401  (registers the FLOP formulas before a counter starts)
+import kernels.attention_op  # noqa: F401
+from kernels import jagged_attention
+from kernels.attention_flops import visible_pairs
+from tests.kernels.attention_cases import assert_accurate, make_problem, run
+
+# Lengths: 0, 1, < S, exact multiples of S, and the maximum (S = 8 or 16).
+LENGTHS = [0, 1, 5, 16, 29, 32]
+
+
+def _self_problem(seed: int, heads: int = 2, bias: bool = True, targets: bool = False, lengths=LENGTHS):
+    """A problem whose rows attend to themselves through one offsets tensor (the block kernels' case)."""
+    p = make_problem(seed=seed, lq=lengths, lk=lengths, heads=heads, bias=bias, targets=targets)
+    p.kv_offsets = p.q_offsets
+    p.kv_ts = p.q_ts
+    return p
+
+
+def _ops(p, **kw) -> dict[str, int]:
+    """FLOPs by op name of one forward+backward through the Triton path."""
+    leaves = [t.detach().float().requires_grad_() for t in (p.q, p.k, p.v)]
+    with FlopCounterMode(display=False) as fc:
+        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, impl="triton", **kw)
+        out.backward(p.do.float())
+    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+
+
+@pytest.mark.parametrize("act", ["softmax", "silu", "gelu"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [8, 16])
+def test_block_kernels_match_reference(act, causal, block):
+    # S=8 runs a 16-row tile holding one block (its last rows masked); S=16 fills the tile. Softmax
+    # with both tables in fp32, pointwise activations with the position table alone in fp16.
+    p = _self_problem(seed=5 + block, bias=True)
+    dtype = torch.float32 if act == "softmax" else torch.float16
+    if act != "softmax":
+        p.time = None
+    assert_accurate(p, dtype, activation=act, causal=causal, block_size=block)
+
+
+@pytest.mark.parametrize("act", ["softmax", "silu"])
+def test_block_kernels_without_bias_and_with_targets(act):
+    p = _self_problem(seed=23, bias=False, targets=True)
+    assert_accurate(p, torch.float16 if act == "softmax" else torch.float32, activation=act, causal=True,
+                    block_size=8)
+
+
+def test_block_kernels_fixed_pointwise_norm_and_scale():
+    p = _self_problem(seed=29, bias=True)
+    assert_accurate(p, torch.float32, activation="silu", causal=False, block_size=16, pointwise_norm=7,
+                    scale=0.3)
+
+
+def test_block_kernels_empty_batch():
+    p = _self_problem(seed=31, lengths=[0, 0])
+    out, dq, dk, dv, dpos, dtime = run(p, torch.float32, "triton", causal=True, block_size=8)
+    assert out.shape == (0, 2, 16) and dq.shape == dk.shape == dv.shape == (0, 2, 16)
+    assert torch.count_nonzero(dpos) == 0 and torch.count_nonzero(dtime) == 0
+
+
+@pytest.mark.parametrize("act", ["softmax", "gelu"])
+def test_keys_outside_the_block_do_not_touch_the_query(act):
+    row, query = 4, 20  # row of length 29; query 20 sits in block [16, 24)
+    base_p = _self_problem(seed=3, heads=1)
+    results = {}
+    for name, key in (("base", None), ("outside", 13), ("inside", 17)):
+        p = _self_problem(seed=3, heads=1)
+        if key is not None:
+            j = int(p.q_offsets[row]) + key
+            g = torch.Generator().manual_seed(7)
+            p.k[j] += torch.randn(p.k[j].shape, generator=g, dtype=torch.float64)
+            p.v[j] += torch.randn(p.v[j].shape, generator=g, dtype=torch.float64)
+        results[name] = run(p, torch.float32, "triton", activation=act, causal=False, block_size=8)
+    i = int(base_p.q_offsets[row]) + query
+    for n, name in enumerate(("out", "dq")):
+        assert torch.equal(results["base"][n][i], results["outside"][n][i]), f"{name} moved with a key outside"
+        assert not torch.equal(results["base"][n][i], results["inside"][n][i]), f"{name} ignored a key inside"
+    # The key gradients of the query's block do not see the outside key either.
+    block = slice(int(base_p.q_offsets[row]) + 16, int(base_p.q_offsets[row]) + 24)
+    for n in (2, 3):
+        assert torch.equal(results["base"][n][block], results["outside"][n][block])
+
+
+def test_block_local_self_attention_takes_the_block_kernels():
+    p = _self_problem(seed=41, bias=False)
+    kw = dict(causal=True, block_size=8)
+    ops = _ops(p, **kw)
+    pairs = visible_pairs(p.q_offsets, p.q_offsets, causal=True, block_size=8)
+    assert ops.get("gemtrain.block_attn_fwd") == 4 * pairs * 2 * 16, ops
+    assert ops.get("gemtrain.block_attn_bwd") == int(2.5 * 4 * pairs * 2 * 16), ops
+    assert not any("jagged_attn" in name for name in ops), ops
+    # Two offsets tensors (the general case), a window, or blocks over 128 keep the generic kernels.
+    cross = _self_problem(seed=41, bias=False)
+    cross.kv_offsets = cross.q_offsets.clone()
+    for prob, extra in ((cross, kw), (p, dict(causal=True, window=4)), (p, dict(causal=True, block_size=256))):
+        ops = _ops(prob, **extra)
+        assert "gemtrain.jagged_attn_fwd" in ops and not any("block_attn" in n for n in ops), (extra, ops)

@@ -468,29 +468,29 @@ def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
             "| pass | descriptors | group | warps | stages | ms | GB/s | of copy ceiling |",
             "|---|---|---|---|---|---|---|---|"]
     saved, saved_tma = (dict(bop.FWD_CONFIG), dict(bop.BWD_CONFIG)), common.TMA
+    # (descriptors, group, warps, stages): every group and config with descriptors, one without.
+    combos = [("auto", gr, w, st) for gr in (2, 4, 8) for w, st in ((4, 1), (4, 2), (4, 3), (8, 2))]
+    combos += [("0", 4, 4, 2)]
     try:
-        for tma in ("auto", "0"):
+        for tma, group, warps, stages in combos:
             common.TMA = tma
-            for group in (2, 4, 8):
-                work = bop.block_work(offs, tokens, S, group)
-                args = (offs, None, None, None, None, None, "softmax", True, scale, S, 0, group, work)
-                out, lse = torch.ops.gemtrain.block_attn_fwd(q, k, v, *args)
-                for name, table, fn in (
-                        ("fwd", bop.FWD_CONFIG, lambda a=args: torch.ops.gemtrain.block_attn_fwd(q, k, v, *a)),
-                        ("bwd", bop.BWD_CONFIG, lambda a=args, o=out, m=lse: torch.ops.gemtrain.block_attn_bwd(
-                            do, q, k, v, o, m, *a))):
-                    for warps, stages in ((4, 1), (4, 2), (4, 3), (8, 2)):
-                        table[tile] = (warps, stages)
-                        try:
-                            ms = cuda_time(fn, reps=20)
-                        except Exception as e:  # a configuration that does not compile or fit
-                            rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | failed: "
-                                        f"{type(e).__name__} | | |")
-                            continue
-                        gbs = base[name] / (ms * 1e-3) / 1e9
-                        rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | {ms:.3f} | {gbs:.0f} | "
-                                    f"{gbs / COPY_CEILING_GBS:.0%} |")
-                        print(rows[-1], flush=True)
+            work = bop.block_work(offs, tokens, S, group)
+            args = (offs, None, None, None, None, None, "softmax", True, scale, S, 0, group, work)
+            out, lse = torch.ops.gemtrain.block_attn_fwd(q, k, v, *args)
+            for name, table, fn in (
+                    ("fwd", bop.FWD_CONFIG, lambda a=args: torch.ops.gemtrain.block_attn_fwd(q, k, v, *a)),
+                    ("bwd", bop.BWD_CONFIG, lambda a=args, o=out, m=lse: torch.ops.gemtrain.block_attn_bwd(
+                        do, q, k, v, o, m, *a))):
+                table[tile] = (warps, stages)
+                try:
+                    ms = cuda_time(fn, reps=20)
+                except Exception as e:  # a configuration that does not compile or fit
+                    rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | failed: {type(e).__name__} | | |")
+                    continue
+                gbs = base[name] / (ms * 1e-3) / 1e9
+                rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | {ms:.3f} | {gbs:.0f} | "
+                            f"{gbs / COPY_CEILING_GBS:.0%} |")
+                print(rows[-1], flush=True)
     finally:
         bop.FWD_CONFIG.update(saved[0])
         bop.BWD_CONFIG.update(saved[1])

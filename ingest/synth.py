@@ -173,7 +173,7 @@ def _make_plan(schema: FeatureSchema) -> _Plan:
                 d = frng.standard_normal(f.dim)
                 m.vector_dir[f.name] = scale * 0.3 * d / np.linalg.norm(d)
         models.append(m)
-    lengths = {s.name: length_params(s.max_length) for s in schema.sequences}
+    lengths = {s.name: length_params(s.max_length, waste=TARGET_WASTE) for s in schema.sequences}
     events_per_row = sum(math.exp(mu + sigma**2 / 2) for mu, sigma in lengths.values())
     rows = CHUNK_ROWS
     while rows > 64 and rows * events_per_row > CHUNK_EVENTS:

@@ -243,3 +243,14 @@ def test_bad_arguments(demo_schema, tmp_path):
         generate_table(demo_schema, -1, seed=0)
     with pytest.raises(GemtrainError, match="files"):
         write_synthetic(demo_schema, str(tmp_path), 10, files=0)
+
+
+def test_padding_waste_target_is_settable(monkeypatch):
+    import ingest.synth as synth
+    from features import load_schema
+    from tests.conftest import SCHEMAS
+
+    schema = load_schema(SCHEMAS / "demo.yaml")  # a fresh schema object: a fresh generator plan
+    monkeypatch.setattr(synth, "TARGET_WASTE", 0.6)
+    rep = synth.signal_report(schema, rows=20_000)
+    assert 0.55 < rep.padding_waste["history"] < 0.65  # the device README's standard batches waste ~0.6

@@ -307,7 +307,7 @@ def _hp_gemm(a: torch.Tensor, bt: torch.Tensor, prec: str, native: bool) -> torc
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                cfg: Fp8Config, where: str) -> torch.Tensor:
+                cfg: Fp8Config, where: str, out_dtype: torch.dtype) -> torch.Tensor:
         plan = _Plan.make(cfg, x, where)
         m, k = x.shape
         n = w.shape[0]
@@ -321,7 +321,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         else:
             xa, xt = plan.act(xq, 1), None
         wa, wt = plan.weight(w)
-        y = plan.gemm(xa, wa, x.dtype, bias=b, fast_accum=True)[:m]
+        y = plan.gemm(xa, wa, out_dtype, bias=b, fast_accum=True)[:m]
         ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
         ctx.xt, ctx.wt, ctx.m = xt, wt, m
         ctx.has_bias = b is not None
@@ -363,7 +363,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         if want_db:
             db = (db if db is not None else dy.sum(0, dtype=torch.float32)).to(ctx.b_dtype)
         ctx.xt = ctx.wt = None
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -371,7 +371,8 @@ class Fp8Linear(nn.Linear):
 
     ``Fp8Linear(in, out, bias, recipe="blockwise", wgrad="recipe", emulate=False)``, or
     ``Fp8Linear.from_linear(linear, config)`` to wrap an existing layer's parameters (shared, not copied).
-    Inputs of any leading shape ``[..., in_features]``; the output has the input's dtype.
+    Inputs of any leading shape ``[..., in_features]``; the output has the input's dtype, or under autocast
+    the autocast dtype (as ``nn.Linear`` under autocast); gradients take the input's and parameters' dtypes.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
@@ -399,8 +400,14 @@ class Fp8Linear(nn.Linear):
         lead = x.shape[:-1]
         if x.numel() == 0:  # no tokens (an MoE expert that got none): nothing to quantize or scale
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
-                               f"Fp8Linear({self.in_features}->{self.out_features})")
+        # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
+        # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
+        dev = x.device.type
+        autocast = torch.is_autocast_enabled(dev)
+        out_dtype = torch.get_autocast_dtype(dev) if autocast else x.dtype
+        with torch.autocast(dev, enabled=False):  # the recipe picks every GEMM's precision itself
+            y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
+                                   f"Fp8Linear({self.in_features}->{self.out_features})", out_dtype)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

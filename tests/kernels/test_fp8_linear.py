@@ -186,3 +186,21 @@ def test_row_padding_only_for_native_blockwise():
     assert _Plan("blockwise", True, False, "triton").row_align == 4  # cuBLAS refused M % 4 != 0 on an H200
     assert _Plan("blockwise", False, False, "ref").row_align == 1  # emulated: no cuBLAS, no padding
     assert _Plan("tensorwise", True, False, "triton").row_align == 1
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_output_takes_the_autocast_dtype_like_nn_linear(case, recipe):
+    """Under autocast the output is in the autocast dtype (as nn.Linear's), so the layers after it do not run
+    in fp32; the recipe's own numerics are unchanged (the GEMM result rounded once to bf16), and the
+    gradients keep the input's and parameters' dtypes."""
+    base, x, dy, _ = case
+    lin = Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, emulate=True))
+    y32, *_ = run(lin, x, dy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert nn.Linear(K, N)(x).dtype == torch.bfloat16  # what a drop-in replacement must match
+        xg = x.clone().requires_grad_()
+        y = lin(xg)
+    assert y.dtype == torch.bfloat16
+    assert rel(y, y32) < 2 ** -7  # bf16 rounding of the same result (GEMM and bias), nothing more
+    y.backward(dy.to(torch.bfloat16))
+    assert xg.grad.dtype == torch.float32 and base.weight.grad.dtype == torch.float32

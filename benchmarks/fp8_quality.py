@@ -240,6 +240,37 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
     return results
 
 
+def run_grouped(names: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict | None]:
+    """``--in-process``: one process per GPU that trains its share of the variants in turn (dealt round-robin
+    in the order given), so imports, the CUDA context and loaded kernels are paid once per GPU."""
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus else [None]
+    groups = [names[i::len(gpus)] for i in range(len(gpus))]
+    procs = []
+    for gpu, group in zip(gpus, groups):
+        if group:
+            procs.append((group, _spawn(",".join(group), args.run_root / f"gpu{gpu}", gpu, args, extra)))
+            print(f"GPU {gpu}: {', '.join(group)}", file=sys.stderr, flush=True)
+    t_end = time.monotonic() + args.deadline if args.deadline else math.inf
+    while any(p.poll() is None for _, p in procs) and time.monotonic() < t_end:
+        time.sleep(1.0)
+    results: dict[str, dict | None] = {}
+    for group, p in procs:
+        killed = p.poll() is None
+        if killed:
+            p.kill()
+        p.wait()
+        p.log.close()  # type: ignore[attr-defined]
+        for n in group:
+            f = args.run_root / _dir_name(n) / "summary.json"
+            if f.exists():
+                results[n] = json.loads(f.read_text())
+            else:
+                step = _last_step(args.run_root / _dir_name(n))
+                why = f"stopped at the {args.deadline:.0f} s deadline" if killed else f"exit {p.returncode}"
+                results[n] = {"error": why + (f" after step {step}" if step is not None else "")}
+    return {n: results.get(n) for n in names}
+
+
 def _parse_after(spec: str) -> tuple[str, Path]:
     gpu, sep, path = spec.partition(":")
     if not sep or not gpu or not path:
@@ -259,6 +290,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--variants", default=None, help="comma-separated names (default: all; CPU: a subset)")
     ap.add_argument("--parallel", type=int, default=1, help="GPU: processes at a time")
     ap.add_argument("--gpus", default="", help="GPU: comma-separated CUDA device ids to spread runs over")
+    ap.add_argument("--in-process", action="store_true",
+                    help="GPU: one process per GPU trains its share of the variants in turn (no --parallel)")
     ap.add_argument("--gpu-after", action="append", default=[], metavar="GPU:FILE",
                     help="GPU: start runs on GPU only once FILE exists (a benchmark uses it first); repeatable")
     ap.add_argument("--run-root", type=Path, default=None)
@@ -276,8 +309,15 @@ def main(argv: list[str]) -> int:
     if args.cpu and args.data_dir is None:
         args.data_dir = args.run_root / "data"
 
-    if args.one is not None:
-        run_one(args.one, args.run_root / _dir_name(args.one), args.steps, args.data_dir, args.cpu, extra)
+    if args.one is not None:  # one variant, or (--in-process) several in turn; each writes its summary.json
+        for name in args.one.split(","):
+            run_dir = args.run_root / _dir_name(name)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                run_one(name, run_dir, args.steps, args.data_dir, args.cpu, extra)
+            except Exception as e:  # the next variant still runs; the table shows this one as failed
+                (run_dir / "summary.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}))
+                print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 0
 
     names = args.variants.split(",") if args.variants else list(CPU_VARIANTS if args.cpu else VARIANTS)
@@ -298,6 +338,8 @@ def main(argv: list[str]) -> int:
                 results[n] = run_one(n, args.run_root / _dir_name(n), args.steps, args.data_dir, True, extra)
         finally:
             torch.set_num_threads(threads)  # the CPU config pins one thread for the run
+    elif args.in_process:
+        results = run_grouped(names, args, extra)
     else:  # one process per variant (with --cpu and --parallel > 1: the same path on CPU)
         results = run_parallel(names, args, extra)
     where = "CPU (emulated recipes, demo schema, tiny model)" if args.cpu else "configs/gem_medium.yaml"

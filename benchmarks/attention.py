@@ -418,7 +418,7 @@ def blockcheck() -> list[str]:
     rows = ["| S | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
             "worst grad err (ours / ref-lowp) | block op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     cases = [(64, 128, "softmax", True, False, False), (64, 128, "softmax", True, True, True),
-             (32, 64, "softmax", False, True, False), (128, 128, "softmax", True, True, False),
+             (32, 64, "softmax", False, True, False), (128, 64, "softmax", True, True, False),
              (64, 128, "silu", True, True, False), (64, 64, "gelu", False, False, True),
              (48, 128, "softmax", True, True, False)]
     lens = torch.tensor([0, 1, 63, 64, 65, 300, 129, 1000, 17])
@@ -437,7 +437,14 @@ def blockcheck() -> list[str]:
         for dtype in (torch.bfloat16, torch.float32):
             ref, _ = _block_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw)
             lowp, _ = _block_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw)
-            ours, took = _block_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
+            try:
+                ours, took = _block_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
+            except Exception as e:  # report the case and go on with the others
+                all_ok = False
+                rows.append(f"| {S} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
+                            f"failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
+                print(rows[-1], flush=True)
+                continue
             torch.cuda.synchronize()
             floor = {torch.float32: 1e-5, torch.bfloat16: 5e-3}[dtype]
             errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
@@ -462,7 +469,7 @@ def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
-    tile, scale = bop.tile_of(S), 1 / math.sqrt(D)
+    scale = 1 / math.sqrt(D)
     base = {"fwd": 4 * tokens * H * D * 2 + tokens * H * 4, "bwd": 8 * tokens * H * D * 2 + tokens * H * 4}
     rows = [f"### Block kernels alone, L={L}, S={S}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax", "",
             "| pass | descriptors | group | warps | stages | ms | GB/s | of copy ceiling |",
@@ -481,7 +488,7 @@ def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
                     ("fwd", bop.FWD_CONFIG, lambda a=args: torch.ops.gemtrain.block_attn_fwd(q, k, v, *a)),
                     ("bwd", bop.BWD_CONFIG, lambda a=args, o=out, m=lse: torch.ops.gemtrain.block_attn_bwd(
                         do, q, k, v, o, m, *a))):
-                table[tile] = (warps, stages)
+                table[bop.config_key(q, S)] = (warps, stages)
                 try:
                     ms = cuda_time(fn, reps=20)
                 except Exception as e:  # a configuration that does not compile or fit

@@ -26,12 +26,13 @@ from kernels.attention_triton_common import ACT_CODES, INTERPRET
 Tensor = torch.Tensor
 
 MAX_TILE = 128
-# (warps, stages) of the forward and the backward, by tile rows (measured on an H200:
-# benchmarks/attention.py blocksweep, benchmarks/RESULTS.md issue-5 part).
-FWD_CONFIG: dict[int, tuple[int, int]] = {16: (4, 2), 32: (4, 2), 64: (4, 2), 128: (8, 2)}
-BWD_CONFIG: dict[int, tuple[int, int]] = {16: (4, 1), 32: (4, 1), 64: (4, 1), 128: (8, 1)}
-MAX_GROUP = 8
-WAVES = 4  # programs per SM (at least) that fix the largest group
+MAX_TILE_ELEMENTS = 64 * 128  # tile rows x head dim: larger tiles (S=128 at D=128) exceed shared memory
+# (warps, stages) of the forward and the backward for tiles of at most 16 KB, and for larger ones (fp32);
+# measured on an H200 at S=64, D=128, bf16 (benchmarks/attention.py blocksweep; RESULTS.md, issue-5 part).
+FWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
+BWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 3), "large": (4, 1)}
+MAX_GROUP = 4
+WAVES = 8  # programs per SM (at least) that fix the largest group
 
 
 def tile_of(block_size: int) -> int:
@@ -40,11 +41,12 @@ def tile_of(block_size: int) -> int:
 
 def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_size: int | None,
              window: int | None) -> bool:
-    """Whether the block kernels serve this call: block-local self-attention, S <= 128, D <= 256."""
+    """Whether the block kernels serve this call: block-local self-attention, S <= 128, and a tile of the
+    block's rows by the head dim of at most MAX_TILE_ELEMENTS (S=64 at D=128, S=128 at D=64)."""
     return (block_size is not None and window is None and 0 < block_size <= MAX_TILE
             and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
             and q_offsets.numel() == kv_offsets.numel() and q.shape[-1] <= 256
-            and tile_of(block_size) * max(16, triton.next_power_of_2(q.shape[-1])) <= 128 * 128)
+            and tile_of(block_size) * max(16, triton.next_power_of_2(q.shape[-1])) <= MAX_TILE_ELEMENTS)
 
 
 @functools.cache
@@ -65,6 +67,12 @@ def block_work(offsets: Tensor, total: int, block_size: int, group: int) -> Tens
     from kernels.attention_op import work_list  # attention_op imports this module lazily
 
     return work_list(offsets, offsets, block_size * group, total)[0]
+
+
+def config_key(q: Tensor, block_size: int) -> str:
+    """Config class of a tile: "small" up to 16 KB (bf16 64 x 128), else "large"."""
+    tile_bytes = tile_of(block_size) * max(16, triton.next_power_of_2(q.shape[-1])) * q.element_size()
+    return "small" if tile_bytes <= 16384 else "large"
 
 
 def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
@@ -109,7 +117,7 @@ def block_attn_fwd(
     tile = tile_of(block_size)
     tma = common.use_tma([q, k, v], q.shape[2], max(16, triton.next_power_of_2(q.shape[2])))
     meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
-                 FWD_CONFIG[tile])
+                 FWD_CONFIG[config_key(q, block_size)])
     block_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
         q, k, v, _desc(q, tile, tma), _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets,
         _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
@@ -142,7 +150,7 @@ def block_attn_bwd(
     tile = tile_of(block_size)
     tma = common.use_tma([q, k, v, out, do], q.shape[2], max(16, triton.next_power_of_2(q.shape[2])))
     meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
-                 BWD_CONFIG[tile])
+                 BWD_CONFIG[config_key(q, block_size)])
     block_attn_bwd_kernel[(work.shape[0] * q.shape[1],)](
         q, k, v, out, do, *(_desc(t, tile, tma) for t in (q, k, v, out, do)), lse, dq, dk, dv, offsets,
         _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),

@@ -352,9 +352,11 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: in
 # Three launches per tensor (zero fill, amax, cast) and no other device ops: the cast pass derives the scale
 # from the amax itself, so a layer's many small tensors do not pay a string of tiny scale kernels.
 
-# (rows, cols, warps) of the cast pass: best of a 5-tile sweep on an H200 (benchmarks/RESULTS.md, 2026-11-29)
-TENSORWISE_TILES: tuple[int, int, int] = (64, 256, 8)
-TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 256, 8)  # (rows, cols, warps) per loop step of the amax pass
+# (rows, cols, warps) of the cast pass and of each loop step of the amax pass: best of a 5-tile sweep (cast) and
+# a 6-tile x 3-program-count sweep (amax) on an H200 (benchmarks/RESULTS.md, 2026-11-30): the amax pass reads
+# 65536x4096 bf16 in 0.134 ms (98% of copy) with (64, 128, 4), 0.33 ms before; 528 to 2112 programs time alike.
+TENSORWISE_TILES: tuple[int, int, int] = (64, 128, 4)
+TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 128, 4)
 TENSORWISE_AMAX_PROGRAMS = 1024  # programs of the amax pass in all (each loops over its share of the row tiles)
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}

@@ -396,10 +396,15 @@ def _kernel_profile(f, steps: int) -> dict:
     rows = sorted(((name, sum(v) / steps / 1e3, len(v) / steps) for name, v in kernels.items()),
                   key=lambda r: -r[1])
     first = min(a for a, _ in spans) if spans else 0.0
+    # where the host's time goes (the tensorwise step's host enqueue time is about its GPU time)
+    host_ops = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0),
+                      key=lambda e: -e.self_cpu_time_total)[:10]
     return dict(wall_ms=wall, host_ms=host, busy_ms=busy / steps / 1e3, span_ms=(end - first) / steps / 1e3,
                 kernel_ms=sum(r[1] for r in rows), launches=sum(r[2] for r in rows),
                 top=[dict(kernel=nm, ms=ms, calls=c) for nm, ms, c in rows[:15]],
-                host_waits={k: v / steps for k, v in waits.items()})
+                host_waits={k: v / steps for k, v in waits.items()},
+                host_top=[dict(op=e.key, self_cpu_ms=e.self_cpu_time_total / steps / 1e3, calls=e.count / steps)
+                          for e in host_ops])
 
 
 def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, steps: int = 10) -> dict:
@@ -472,6 +477,10 @@ def print_profile(res: dict, amax: list[dict]) -> None:
         print(f"\n### top kernels by CUDA time: {name}\n| kernel | ms/step | calls/step |\n|---|---|---|")
         for r in res["profiles"][name]["top"]:
             print(f"| {r['kernel'][:90]} | {r['ms']:.3f} | {r['calls']:g} |")
+    top = res["profiles"]["tensorwise (dY e5m2)"].get("host_top", [])
+    print("\n### top host (CPU) ops by self time, tensorwise, under the profiler\n| op | ms/step | calls/step |\n|---|---|---|")
+    for r in top:
+        print(f"| {r['op'][:90]} | {r['self_cpu_ms']:.3f} | {r['calls']:g} |")
     print("\n## tensorwise ablations (do_bench medians; ratio = bf16 time of the same kind / variant)")
     print("| variant | ms | ratio |\n|---|---|---|")
     for r in res["ablations"]:

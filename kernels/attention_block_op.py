@@ -2,8 +2,8 @@
 
 ``gemtrain::block_attn_fwd`` / ``gemtrain::block_attn_bwd`` (autograd and FLOP formulas registered) serve
 ``jagged_attention(..., block_size=S)`` for self-attention (one offsets tensor for both sides) with
-S <= 128; ``attention_op.jagged_attention_triton`` routes those calls here (``supports``) and keeps the
-generic kernels for everything else.
+S <= 64 and D <= 128; ``attention_op.jagged_attention_triton`` routes those calls here (``supports``) and
+keeps the generic kernels for everything else.
 
 Work list: items of ``group`` consecutive blocks of one row (``attention_op.work_list`` with tiles of
 ``group * S`` tokens); ``group`` is as large as keeps a few waves of programs per SM.
@@ -25,10 +25,14 @@ from kernels.attention_triton_common import ACT_CODES, INTERPRET
 
 Tensor = torch.Tensor
 
-MAX_TILE = 128
-MAX_TILE_ELEMENTS = 64 * 128  # tile rows x head dim: larger tiles (S=128 at D=128) exceed shared memory
-# (warps, stages) of the forward and the backward for tiles of at most 16 KB, and for larger ones (fp32);
-# measured on an H200 at S=64, D=128, bf16 (benchmarks/attention.py blocksweep; RESULTS.md, issue-5 part).
+# Blocks of up to 64 tokens and head dims up to 128 (the shapes checked on the device): S=128
+# (tile 128 x 128 or 128 x 64 with the score tiles' transposes) asked for more shared memory than an H200
+# has in the backward (360 KB at D=128, 237 KB at D=64 with 3 stages), so it keeps the generic kernels.
+MAX_TILE = 64
+MAX_HEAD_DIM = 128
+# (warps, stages) of the forward and the backward for tiles of at most 16 KB ("small", measured on an H200
+# at S=64, D=128, bf16: benchmarks/attention.py blocksweep, RESULTS.md issue-5 part) and larger ones
+# ("large": fp32 at S=64, D=128, which ran there in the accuracy checks).
 FWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
 BWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 3), "large": (4, 1)}
 MAX_GROUP = 4
@@ -41,12 +45,11 @@ def tile_of(block_size: int) -> int:
 
 def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_size: int | None,
              window: int | None) -> bool:
-    """Whether the block kernels serve this call: block-local self-attention, S <= 128, and a tile of the
-    block's rows by the head dim of at most MAX_TILE_ELEMENTS (S=64 at D=128, S=128 at D=64)."""
+    """Whether the block kernels serve this call: block-local self-attention (one offsets tensor for both
+    sides), S <= MAX_TILE, D <= MAX_HEAD_DIM."""
     return (block_size is not None and window is None and 0 < block_size <= MAX_TILE
-            and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
-            and q_offsets.numel() == kv_offsets.numel() and q.shape[-1] <= 256
-            and tile_of(block_size) * max(16, triton.next_power_of_2(q.shape[-1])) <= MAX_TILE_ELEMENTS)
+            and q.shape[-1] <= MAX_HEAD_DIM and q.shape[0] == k.shape[0]
+            and q_offsets.data_ptr() == kv_offsets.data_ptr() and q_offsets.numel() == kv_offsets.numel())
 
 
 @functools.cache

@@ -1,6 +1,6 @@
 """Triton kernels of block-local self-attention (``block_size=S``): each block attends only to itself.
 
-A block of S <= 128 tokens fits one tile, so the softmax is exact in one pass (no online rescaling) and
+A block of S <= 64 tokens fits one tile, so the softmax is exact in one pass (no online rescaling) and
 the backward needs no second pass: a block's dq, dk and dv depend on that block alone. The work is
 memory-bound (per token: read q, k, v, write o), so each program takes ``group`` consecutive blocks of
 one row for one head (a work item: row, first block / group) and loops over them with

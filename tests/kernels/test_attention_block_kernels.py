@@ -104,3 +104,27 @@ def test_block_local_self_attention_takes_the_block_kernels():
     for prob, extra in ((cross, kw), (p, dict(causal=True, window=4)), (p, dict(causal=True, block_size=128))):
         ops = _ops(prob, **extra)
         assert "gemtrain.jagged_attn_fwd" in ops and not any("block_attn" in n for n in ops), (extra, ops)
+
+
+def test_raw_op_autograd_equals_the_autograd_node():
+    # jagged_attention runs the ops under one autograd.Function; the forward op's registered autograd
+    # (for callers of the raw op) must give the same gradients bit for bit.
+    from kernels.attention_block_op import block_attention, block_work
+
+    p = _self_problem(seed=43, bias=True)
+    grads = []
+    for raw in (False, True):
+        q, k, v = (t.detach().float().requires_grad_() for t in (p.q, p.k, p.v))
+        pos = p.pos.detach().float().requires_grad_()
+        args = dict(activation="softmax", causal=True, scale=0.25, block_size=8, num_targets=None, pos_weight=pos,
+                    time_weight=None, q_timestamps=None, kv_timestamps=None, norm=0)
+        if raw:
+            work = block_work(p.q_offsets, q.shape[0], 8, 2)
+            out = torch.ops.gemtrain.block_attn_fwd(q, k, v, p.q_offsets, None, pos, None, None, None, "softmax",
+                                                    True, 0.25, 8, 0, 2, work)[0]
+        else:
+            out = block_attention(q, k, v, p.q_offsets, **args)
+        out.backward(p.do.float())
+        grads.append([out.detach(), q.grad, k.grad, v.grad, pos.grad])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

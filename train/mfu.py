@@ -60,7 +60,7 @@ def device_peak_flops(device: torch.device | str | None = None, override_tflops:
 
 # Modules whose import registers FLOP formulas for our custom ops. FlopCounterMode copies the formula
 # registry when it is created, so they must be imported before the counter is made.
-_FLOP_FORMULA_MODULES = ("kernels.attention_op", "kernels.attention_fp8_op")
+_FLOP_FORMULA_MODULES = ("kernels.attention_op", "kernels.attention_block_op", "kernels.attention_fp8_op")
 
 
 def _register_custom_op_flops() -> None:

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+import torch.utils.flop_counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -164,3 +165,21 @@ def test_without_autotuning_each_head_dim_gets_its_measured_default(monkeypatch)
     monkeypatch.setattr(common, "AUTOTUNE", True)
     tuned = common.kernel_configs("BLOCK_N", fwd.DEFAULTS, fwd.CANDIDATES, None)
     assert len(tuned) > len(fwd_configs) and len(prune(tuned, bf16, BLOCK_D=64, BLOCK_M=128)) > 1
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_eager_autograd_node_equals_the_ops_registered_autograd(monkeypatch, cross):
+    # Eager calls run both ops under one autograd.Function; compiled code (and callers of the raw op) use
+    # the forward op's registered autograd. Both must give the same output and gradients bit for bit.
+    lk = [9, 0, 1, 16]
+    p = make_problem(seed=107, lq=[3, 0, 1, 2] if cross else lk, lk=lk, bias=True)
+    kw = dict(causal=not cross)
+    eager = run(p, torch.float32, "triton", **kw)
+    q = p.q.float().requires_grad_()
+    node = jagged_attention(q, p.k.float(), p.v.float(), p.q_offsets, p.kv_offsets, impl="triton", **kw).grad_fn
+    assert type(node).__name__ == "_JaggedAttentionBackward"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    registered = run(p, torch.float32, "triton", **kw)
+    assert len(eager) == len(registered) == 6
+    for a, b in zip(eager, registered):
+        assert torch.equal(a, b)

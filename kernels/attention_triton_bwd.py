@@ -3,7 +3,9 @@
 Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
 
 * ``dkdv``: one program per (KV tile, head), looping over the queries that can see the tile; it also
-  adds the score gradients into the bias-table gradients (fp32 atomics: tables are tiny).
+  sums the score gradients per bias-table bucket in registers over the whole loop (``table_grad_span``:
+  one reduction per tile and bucket threshold, by diagonal near the diagonal) and adds them to the
+  tables once at its end (fp32 atomics, one per bucket).
 * ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward).
 
 Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i``; pointwise: ``ds = dp * act'(s) / n``.
@@ -16,19 +18,24 @@ import triton.language as tl
 
 from kernels.attention_triton_common import (
     LOG2E,
+    SPAN_POS,
+    SPAN_TIME,
+    TABLE_PADS,
     act_fwd_bwd,
-    add_bias,
-    add_table_grad,
-    bias_buckets,
-    bucket_tile,
+    add_bias_span,
     config_prune,
     descriptor_hook,
+    flush_table_grad,
     kernel_configs,
     kv_range,
     load_times,
     load_vec,
+    min_max,
+    near_tiles,
     q_range,
     stream_rows,
+    table_grad_span,
+    tile_spans,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
@@ -51,12 +58,18 @@ def _configs(name: str) -> list[triton.Config]:
 
 
 @triton.jit
-def _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
-            bias_scale, H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
-            NUM_TIME: tl.constexpr, PREC: tl.constexpr, WHOLE_KEYS: tl.constexpr):
+def _scores(q, k, pos_q, pos_k, ts_q, ts_k, q_first, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
+            POSW, TIMEW, qk_scale, bias_scale, H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+            HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
+            PREC: tl.constexpr):
+    """Scaled scores plus bias of a tile, and what the table gradients reuse (``tile_spans``)."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    return add_bias(s, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale,
-                    H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, WHOLE_KEYS)
+    p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = tile_spans(
+        q_first, q_last, k_first, k_last, ts_q, tq_min, tq_max, ts_k, tk_min, tk_max, HAS_POS, NUM_POS, HAS_TIME,
+        NUM_TIME)
+    s = add_bias_span(s, pos_q, pos_k, p_lo, p_hi, ts_q, ts_k, u, w, t_lo, t_hi, t_narrow, h, POSW, TIMEW,
+                      bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD)
+    return s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow
 
 
 @triton.jit
@@ -78,38 +91,31 @@ def _score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.con
 
 
 @triton.jit
-def _table_grad(DT, at_q, at_k, one, b, ds, ok, h, H: tl.constexpr, NUM: tl.constexpr, IS_POS: tl.constexpr,
-                WHOLE_KEYS: tl.constexpr):
-    """Score gradients into one bias table (``at_q``/``at_k``: positions or timestamps of the tile's
-    queries and keys): one reduced add when the tile is in one bucket ``b`` (``one``, from
-    ``bias_buckets``), else ``add_table_grad``."""
-    if WHOLE_KEYS:
-        if one:
-            tl.atomic_add(DT + b * H + h, tl.sum(tl.where(ok, ds, 0.0)))
-        else:
-            add_table_grad(DT, bucket_tile(at_q, at_k, NUM, IS_POS), ds, ok, h, H, NUM)
-    else:
-        add_table_grad(DT, bucket_tile(at_q, at_k, NUM, IS_POS), ds, ok, h, H, NUM)
-
-
-@triton.jit
 def _dkdv_tile(
-    dk, dv, k, v, offs_n, ts_k, start_m, m_end, shift, kv_len, hist_end, window, q_start, h,
+    dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, m_end, shift, kv_len,
+    hist_end, window, q_start, h,
     Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
-    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+    USE_TMA: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """One Q tile of the dk/dv loop. ``MASKED=False``: a whole Q tile (inside the row) whose every query
-    sees every key of the KV tile (no visibility mask, no bounds)."""
+    """One Q tile of the dk/dv loop; ``dpos`` / ``dtime``: the program's per-bucket table gradients;
+    ``WIDE``: a loop over few tiles near the diagonal (see ``table_grad_span``); keys at positions
+    ``k_first .. k_last`` with timestamps in ``tk_min .. tk_max``. ``MASKED=False``: a whole Q tile
+    (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds)."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_q = shift + offs_m
-    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
-                                                    NUM_TIME, not MASKED)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
-                bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
+    q_last = shift + tl.minimum(start_m + BLOCK_M, m_end) - 1
+    s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
+        q, k, pos_q, offs_n, ts_q, ts_k, shift + start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
+        POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     if MASKED:
@@ -123,30 +129,39 @@ def _dkdv_tile(
     p, ds = _score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-    if HAS_POS:
-        _table_grad(DPOSW, pos_q, offs_n, pos_one, pos_b, ds, ok, h, H, NUM_POS, True, not MASKED)
-    if HAS_TIME:
-        _table_grad(DTIMEW, ts_q, ts_k, time_one, time_b, ds, ok, h, H, NUM_TIME, False, not MASKED)
-    return dk, dv
+    if HAS_POS or HAS_TIME:
+        total = tl.sum(ds)
+        base = shift + start_m - k_first  # relative position of the tile's first (query, key) pair
+        if HAS_POS:
+            dpos = table_grad_span(dpos, DPOSW, ds, total, pos_q, offs_n, pos_q, offs_n, p_hi - p_lo < SPAN_POS, ok,
+                                   p_lo, p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, WIDE, BLOCK_M, BLOCK_N)
+        if HAS_TIME:
+            dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
+                                    NUM_TIME, TIME_PAD, False, SPAN_TIME, WIDE, BLOCK_M, BLOCK_N)
+    return dk, dv, dpos, dtime
 
 
 @triton.jit
 def _dq_tile(
-    dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
-    K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    dq, q, do, lse, delta, pos_q, m_ok, ts_q, q_first, q_last, tq_min, tq_max, start_n, hi, hist_end, window,
+    kv_start, h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
-    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
     rows past the row's end have do = 0 and lse = +inf, so they add nothing)."""
     offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H, HEAD_DIM,
                                            BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
-    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
-                                                    NUM_TIME, not MASKED)
-    s = _scores(q, k, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, qk_scale,
-                bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, not MASKED)
+    tk_min = 0
+    tk_max = 0
+    if HAS_TIME:
+        tk_min, tk_max = min_max(ts_k, n_ok)
+    k_last = tl.minimum(start_n + BLOCK_N, hi) - 1
+    s, _, _, _, _, _, _, _ = _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_first, q_last, start_n, k_last, tq_min, tq_max,
+                                     tk_min, tk_max, h, POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS,
+                                     HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
@@ -159,6 +174,7 @@ def _dq_tile(
 
 @triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"],
                  prune_configs_by={"early_config_prune": config_prune("BLOCK_M", "BLOCK_N")})
+@triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
     Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
@@ -167,7 +183,7 @@ def jagged_attn_bwd_dkdv_kernel(
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     item = pid // H
@@ -195,6 +211,12 @@ def jagged_attn_bwd_dkdv_kernel(
     k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     ts_k = load_times(KTS, kv_start, offs_n, n_ok, True, HAS_TIME)
+    k_first = nblk * BLOCK_N
+    k_last = tl.minimum(k_first + BLOCK_N, kv_len) - 1
+    tk_min = 0
+    tk_max = 0
+    if HAS_TIME:
+        tk_min, tk_max = min_max(ts_k, n_ok)
 
     last = tl.minimum(nblk * BLOCK_N + BLOCK_N, kv_len) - 1
     lo, hi = q_range(nblk * BLOCK_N, last, q_len, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
@@ -213,6 +235,9 @@ def jagged_attn_bwd_dkdv_kernel(
         inv_n = 1.0 / norm_const
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # Table gradients summed per bucket over the whole loop, added to the tables once at the end.
+    dpos = tl.zeros([POS_PAD], dtype=tl.float32)
+    dtime = tl.zeros([TIME_PAD], dtype=tl.float32)
 
     # Q tiles whose every query sees every key of this KV tile (past the causal diagonal) skip the
     # mask and the bounds; the diagonal tiles before them and the last partial tile take the masked path.
@@ -221,30 +246,61 @@ def jagged_attn_bwd_dkdv_kernel(
                            HAS_WINDOW)
     full_end = mid + ((hi - mid) // BLOCK_M) * BLOCK_M
     for start_m in range(lo, mid, BLOCK_M):
-        dk, dv = _dkdv_tile(
-            dk, dv, k, v, offs_n, ts_k, start_m, mid, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
-            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA)
-    for start_m in range(mid, full_end, BLOCK_M):
-        dk, dv = _dkdv_tile(
-            dk, dv, k, v, offs_n, ts_k, start_m, full_end, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
-            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA)
+        dk, dv, dpos, dtime = _dkdv_tile(
+            dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, mid, shift,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+    if HAS_POS or HAS_TIME:
+        # The whole tiles near the keys (``near_tiles``: where position buckets vary within a tile and log
+        # time buckets change fastest) run in their own short loop, which may sum a wide span by diagonal
+        # or bucket by bucket; the long loops before and after it stay lean (no nested loop, few registers),
+        # so the compiler pipelines them.
+        near_lo, near_hi = near_tiles(mid, full_end, k_first, k_last, shift, BLOCK_M, HAS_POS, NUM_POS, HAS_TIME,
+                                      BLOCK_N)
+        for start_m in range(mid, near_lo, BLOCK_M):
+            dk, dv, dpos, dtime = _dkdv_tile(
+                dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
+        for start_m in range(near_lo, near_hi, BLOCK_M):
+            dk, dv, dpos, dtime = _dkdv_tile(
+                dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True)
+        for start_m in range(near_hi, full_end, BLOCK_M):
+            dk, dv, dpos, dtime = _dkdv_tile(
+                dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
+    else:
+        for start_m in range(mid, full_end, BLOCK_M):
+            dk, dv, dpos, dtime = _dkdv_tile(
+                dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
     for start_m in range(full_end, hi, BLOCK_M):
-        dk, dv = _dkdv_tile(
-            dk, dv, k, v, offs_n, ts_k, start_m, hi, shift, kv_len, hist_end, window, q_start, h,
-            Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
-            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA)
+        dk, dv, dpos, dtime = _dkdv_tile(
+            dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, hi, shift,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
 
+    if HAS_POS:
+        flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
+    if HAS_TIME:
+        flush_table_grad(DTIMEW, dtime, h, H, NUM_TIME, TIME_PAD)
     tl.store(DK + kv_rows, (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
 
 
 @triton.autotune(configs=_configs("dq"), key=_KEY,
                  prune_configs_by={"early_config_prune": config_prune("BLOCK_N", "BLOCK_M")})
+@triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
     Q, K, V, DO, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
@@ -253,7 +309,7 @@ def jagged_attn_bwd_dq_kernel(
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     item = pid // H
@@ -282,6 +338,10 @@ def jagged_attn_bwd_dq_kernel(
     q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
     lse = tl.zeros([BLOCK_M], dtype=tl.float32)  # read by softmax only
     delta = lse
     if ACT == 0:
@@ -304,14 +364,16 @@ def jagged_attn_bwd_dq_kernel(
     mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
     for start_n in range(lo, mid, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
+            dq, q, do, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            hi, hist_end, window, kv_start, h,
             K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
-            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_N, False, EVEN_D, USE_TMA)
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
+            TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, kv_start, h,
+            dq, q, do, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            hi, hist_end, window, kv_start, h,
             K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
-            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC,
-            BLOCK_N, True, EVEN_D, USE_TMA)
+            H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
+            TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
     tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

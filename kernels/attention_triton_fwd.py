@@ -11,17 +11,19 @@ import triton.language as tl
 
 from kernels.attention_triton_common import (
     LOG2E,
+    TABLE_PADS,
     act_fwd,
-    add_bias,
-    bias_buckets,
+    add_bias_span,
     config_prune,
     descriptor_hook,
     kernel_configs,
     kv_range,
     load_rows,
     load_times,
+    min_max,
     softmax_step,
     stream_rows,
+    tile_spans,
     unmasked_kv_end,
     visible,
 )
@@ -38,12 +40,12 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _fwd_tile(
-    acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
-    kv_start, h, offs_d, d_ok, qk_scale, bias_scale,
+    acc, m_i, l_i, q, pos_q, m_ok, ts_q, q_first, q_last, tq_min, tq_max, start_n, hi, hist_end, window, K, V, KD,
+    VD, KTS, POSW, TIMEW, kv_start, h, offs_d, d_ok, qk_scale, bias_scale,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
-    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
+    PREC: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One KV tile of the forward. ``MASKED=False``: every query sees every key of the tile, which lies
     inside the row (no visibility mask, no key bounds; rows past the row's end hold q = 0 and stay
@@ -51,10 +53,15 @@ def _fwd_tile(
     offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H, HEAD_DIM,
                                            BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    pos_one, pos_b, time_one, time_b = bias_buckets(pos_q, offs_n, ts_q, ts_k, m_ok, HAS_POS, NUM_POS, HAS_TIME,
-                                                    NUM_TIME, not MASKED)
-    s = add_bias(s, pos_q, offs_n, ts_q, ts_k, pos_one, pos_b, time_one, time_b, h, POSW, TIMEW, bias_scale, H,
-                 HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, not MASKED)
+    tk_min = 0
+    tk_max = 0
+    if HAS_TIME:
+        tk_min, tk_max = min_max(ts_k, n_ok)
+    p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = tile_spans(
+        q_first, q_last, start_n, tl.minimum(start_n + BLOCK_N, hi) - 1, ts_q, tq_min, tq_max, ts_k, tk_min, tk_max,
+        HAS_POS, NUM_POS, HAS_TIME, NUM_TIME)
+    s = add_bias_span(s, pos_q, offs_n, p_lo, p_hi, ts_q, ts_k, u, w, t_lo, t_hi, t_narrow, h, POSW, TIMEW,
+                      bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
@@ -72,6 +79,7 @@ def _fwd_tile(
 
 @triton.autotune(configs=_configs(), key=["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"],
                  prune_configs_by={"early_config_prune": config_prune("BLOCK_N", "BLOCK_M")})
+@triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_fwd_kernel(
     Q, K, V, KD, VD, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
@@ -80,7 +88,7 @@ def jagged_attn_fwd_kernel(
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     item = pid // H
@@ -109,6 +117,10 @@ def jagged_attn_fwd_kernel(
     q_ptrs = Q + (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
     q = load_rows(q_ptrs, m_ok, d_ok, True, EVEN_D)
     ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
 
     last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
@@ -128,14 +140,16 @@ def jagged_attn_fwd_kernel(
     mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
     for start_n in range(lo, mid, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(
-            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
-            kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
-            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, False, EVEN_D, USE_TMA)
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n, hi,
+            hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW, kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H,
+            HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _fwd_tile(
-            acc, m_i, l_i, q, pos_q, m_ok, ts_q, start_n, hi, hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW,
-            kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
-            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
+            acc, m_i, l_i, q, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n, hi,
+            hist_end, window, K, V, KD, VD, KTS, POSW, TIMEW, kv_start, h, offs_d, d_ok, qk_scale, bias_scale, H,
+            HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW,
+            HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
 
     if ACT == 0:
         has = l_i > 0.0

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels.attention_spec import pos_bucket, time_bucket
+from kernels.attention_triton_common import diagonal_grad
 from tests.kernels.attention_cases import assert_accurate, make_problem
 
 TILE = 32  # the interpreter's tiles
@@ -112,3 +115,30 @@ def test_timestamps_beyond_int32_take_the_int64_path():
     ts = _sorted_ts(10, 2**28)
     p = _problem(11, num_pos=11, num_time=40, ts=ts)
     assert_accurate(p, torch.float32, activation="softmax", causal=True)
+
+
+@triton.jit
+def _diagonal_kernel(DS, OUT, base, NUM: tl.constexpr, PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    a = tl.arange(0, BLOCK_M)[:, None]
+    n = tl.arange(0, BLOCK_N)[None, :]
+    acc = diagonal_grad(tl.zeros([PAD], dtype=tl.float32), tl.load(DS + a * BLOCK_N + n), base, NUM, PAD, BLOCK_M,
+                        BLOCK_N)
+    tl.store(OUT + tl.arange(0, PAD), acc)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 64), (64, 16)])
+@pytest.mark.parametrize("num", [1, 2, 5, 129])
+def test_diagonal_sums_match_per_score_buckets(block_m, block_n, num):
+    # Tiles of other shapes than the interpreter's 32x32 (the GPU also runs 32x128 tiles; 32x32 is covered
+    # above) and bases below, across and above the table's reach, against the bucket of every score.
+    g = torch.Generator().manual_seed(block_m + num)
+    pad = triton.next_power_of_2(num)
+    for base in (-200, -3, 0, 40, 130):
+        ds = torch.randn(block_m, block_n, generator=g, dtype=torch.float32)
+        out = torch.zeros(pad, dtype=torch.float32)
+        _diagonal_kernel[(1,)](ds, out, base, num, pad, block_m, block_n)
+        rel = base + torch.arange(block_m)[:, None] - torch.arange(block_n)[None, :]
+        want = torch.zeros(pad, dtype=torch.float64).index_add_(0, pos_bucket(rel, num).flatten(),
+                                                                 ds.double().flatten())
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)

@@ -22,7 +22,7 @@ def test_bias_parts_rows_time_every_variant(monkeypatch):
     with attention_impl("triton"):
         bench._bias_parts_row(lambda row, results, flops: rows.append((row, results)), q, k, v, p.do.float(),
                               p.q_offsets, p.kv_ts, pos_w, time_w, 40, 2, 16)
-    assert len(calls) == 10  # five variants, forward and forward+backward each
+    assert len(calls) == 8  # four variants, forward and forward+backward each
     assert [r for r, _ in rows] == ["causal softmax, position table", "causal softmax, time table",
-                                    "causal softmax, both tables", "causal softmax, both, no table gradients"]
+                                    "causal softmax, both tables"]
     assert all(res[1][0] == "ours, no bias" for _, res in rows)

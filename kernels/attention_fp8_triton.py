@@ -31,10 +31,10 @@ import triton.language as tl
 from kernels.attention_triton_common import (
     AUTOTUNE,
     INTERPRET,
-    LOG2E,
     act_fwd,
     kv_range,
     pos_bucket,
+    score_scales,
     smem_prune,
     softmax_step,
     time_bucket,
@@ -140,12 +140,7 @@ def jagged_attn_fp8_fwd_kernel(
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
     lo = (lo // BLOCK_N) * BLOCK_N  # tiles aligned inside the row: one V scale per tile
 
-    if ACT == 0:
-        qk_scale = scale * LOG2E  # softmax runs in base 2
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     sq = sq * qk_scale
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
-    LOG2E,
     act_fwd,
     act_fwd_bwd,
     add_bias,
@@ -26,6 +25,7 @@ from kernels.attention_triton_common import (
     bucket_tile,
     load_times,
     pos_bucket,
+    score_scales,
     stream_tile,
     visible,
 )
@@ -90,12 +90,7 @@ def block_attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    if ACT == 0:
-        qk_scale = scale * LOG2E  # softmax runs in base 2
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     if NORM_ROW:
         inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
     else:
@@ -163,12 +158,7 @@ def block_attn_bwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    if ACT == 0:
-        qk_scale = scale * LOG2E
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     if NORM_ROW:
         inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
     else:

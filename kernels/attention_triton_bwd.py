@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
-    LOG2E,
     SPAN_POS,
     SPAN_TIME,
     TABLE_PADS,
@@ -33,6 +32,7 @@ from kernels.attention_triton_common import (
     min_max,
     near_tiles,
     q_range,
+    score_scales,
     stream_rows,
     table_grad_span,
     tile_spans,
@@ -223,12 +223,7 @@ def jagged_attn_bwd_dkdv_kernel(
     lo = tl.maximum(lo, 0)
     hi = tl.minimum(hi, q_len)
 
-    if ACT == 0:
-        qk_scale = scale * LOG2E
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     if NORM_ROW:
         inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
     else:
@@ -347,11 +342,7 @@ def jagged_attn_bwd_dq_kernel(
     if ACT == 0:
         lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
         delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
-        qk_scale = scale * LOG2E
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     if NORM_ROW:
         inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
     else:

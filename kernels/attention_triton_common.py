@@ -109,6 +109,15 @@ def smem_prune(inner: str, outer: str):
 
 
 @triton.jit
+def score_scales(scale, ACT: tl.constexpr):
+    """(factor of q·k, factor of the bias): softmax runs in base 2 (exp2), pointwise activations in base e."""
+    if ACT == 0:
+        return scale * LOG2E, LOG2E
+    else:
+        return scale, 1.0
+
+
+@triton.jit
 def visible(pos_q, pos_k, kv_len, hist_end, window,
             CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Boolean tile: key at ``pos_k`` visible to query at ``pos_q`` (broadcast [M, 1] x [1, N])."""

@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_common import (
-    LOG2E,
     TABLE_PADS,
     act_fwd,
     add_bias_span,
@@ -21,6 +20,7 @@ from kernels.attention_triton_common import (
     load_rows,
     load_times,
     min_max,
+    score_scales,
     softmax_step,
     stream_rows,
     tile_spans,
@@ -125,12 +125,7 @@ def jagged_attn_fwd_kernel(
     last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
 
-    if ACT == 0:
-        qk_scale = scale * LOG2E  # softmax runs in base 2
-        bias_scale = LOG2E
-    else:
-        qk_scale = scale
-        bias_scale = 1.0
+    qk_scale, bias_scale = score_scales(scale, ACT)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -19,6 +19,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
+from kernels.attention_op import _ptr, _unset, work_list  # attention_op imports this module lazily
 from kernels.attention_triton_block import block_attn_bwd_kernel, block_attn_fwd_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
 
@@ -72,8 +73,6 @@ def group_of(total: int, block_size: int, heads: int, device: torch.device) -> i
 
 
 def block_work(offsets: Tensor, total: int, block_size: int, group: int) -> Tensor:
-    from kernels.attention_op import work_list  # attention_op imports this module lazily
-
     return work_list(offsets, offsets, block_size * group, total)[0]
 
 
@@ -101,16 +100,6 @@ def _meta(q: Tensor, activation: str, causal: bool, block_size: int, norm: int, 
         NORM_ROW=norm == 0, PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma,
         STAGES=1 if INTERPRET else config[1], num_warps=config[0],
     )
-
-
-def _unset(like: Tensor, shape: tuple | None = None, dtype: torch.dtype | None = None) -> Tensor:
-    """Buffer the kernels fill completely; NaN-poisoned under the interpreter so tests see holes."""
-    t = torch.empty(like.shape if shape is None else shape, dtype=dtype or like.dtype, device=like.device)
-    return t.fill_(float("nan")) if INTERPRET else t
-
-
-def _ptr(t: Tensor | None, fallback: Tensor) -> Tensor:
-    return fallback if t is None else t
 
 
 @torch.library.custom_op("gemtrain::block_attn_fwd", mutates_args=())

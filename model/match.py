@@ -58,10 +58,12 @@ class TargetMatch(nn.Module):
             total = h.shape[0]
             rows = row_index(offsets, total)
             c = nn.functional.normalize(targets[feat].float(), dim=-1)
-            cos = (nn.functional.normalize(h, dim=-1) * c[rows]).sum(-1)  # [ΣL]
+            # Per-event gathers go through embedding(): its CUDA backward splits the thousands of repeats of
+            # each row (or recency bucket) into parallel partial sums, where indexing's walks them in sequence.
+            cos = (nn.functional.normalize(h, dim=-1) * nn.functional.embedding(rows, c)).sum(-1)  # [ΣL]
             g = torch.exp(self.log_beta[p].exp()[None, :] * (cos[:, None] - 1.0))  # [ΣL, nb]
             ago = (offsets[1:][rows] - 1 - torch.arange(total, device=offsets.device)).clamp_max(self.positions - 1)
-            w = self.log_weight[p][ago].exp()  # [ΣL, nt]
+            w = nn.functional.embedding(ago, self.log_weight[p]).exp()  # [ΣL, nt]
             x = (g[:, :, None] * w[:, None, :]).reshape(total, -1)  # [ΣL, nb * nt]
             m = x.new_zeros(b, x.shape[1]).index_add(0, rows, x)
             feats.append(torch.log1p(m))

@@ -37,3 +37,35 @@ def test_counts_recent_matches_per_row():
     assert torch.all(feats["x"][0] >= x[0] - 1e-6)
     out.sum().backward()
     assert m.log_beta.grad is not None and m.log_weight.grad is not None
+
+
+def test_gathers_equal_plain_indexing_in_values_and_gradients():
+    # The per-event gathers use embedding() (a sorting backward on CUDA); the token and every gradient must
+    # equal those of plain indexing, here on random rows including an empty one.
+    torch.manual_seed(1)
+    offsets = torch.tensor([0, 70, 70, 71, 200])
+    table = torch.randn(40, 16, dtype=torch.float64)
+    ev = torch.randint(0, 40, (200,))
+    cand = torch.randint(0, 40, (4,))
+    hist = History(tokens=torch.zeros(200, 8), offsets=offsets, timestamps=None, max_length=256)
+    m = TargetMatch([("h.cat", "cat")], d_model=8, positions=16).double()
+
+    def grads(module: TargetMatch, indexing: bool) -> list[torch.Tensor]:
+        module.zero_grad()
+        hist_ids, cands = table[ev].clone().requires_grad_(), table[cand].clone().requires_grad_()
+        if indexing:  # the same token computed with plain indexing
+            rows = torch.repeat_interleave(torch.arange(4), offsets.diff())
+            c = torch.nn.functional.normalize(cands.float(), dim=-1)  # the token works in fp32, as the module does
+            cos = (torch.nn.functional.normalize(hist_ids.float(), dim=-1) * c[rows]).sum(-1)
+            g = torch.exp(module.log_beta[0].exp()[None, :] * (cos[:, None] - 1.0))
+            ago = (offsets[1:][rows] - 1 - torch.arange(200)).clamp_max(15)
+            w = module.log_weight[0][ago].exp()
+            x = (g[:, :, None] * w[:, None, :]).reshape(200, -1)
+            out = module.proj(torch.log1p(x.new_zeros(4, x.shape[1]).index_add(0, rows, x)))
+        else:
+            out = module(hist, {"h.cat": hist_ids}, {"cat": cands})
+        out.pow(2).sum().backward()
+        return [out.detach(), hist_ids.grad, cands.grad, module.log_beta.grad.clone(), module.log_weight.grad.clone()]
+
+    for a, b in zip(grads(m, False), grads(m, True)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

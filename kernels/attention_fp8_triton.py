@@ -28,16 +28,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.attention_triton_bias import pos_bucket, time_bucket
 from kernels.attention_triton_common import (
     AUTOTUNE,
     INTERPRET,
     act_fwd,
     kv_range,
-    pos_bucket,
     score_scales,
     smem_prune,
     softmax_step,
-    time_bucket,
     visible,
 )
 from kernels.mx_triton import _encode_e4m3, _scale_from_amax

@@ -17,14 +17,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_triton_common import (
-    act_fwd,
-    act_fwd_bwd,
+from kernels.attention_triton_bias import (
     add_bias,
     add_table_grad,
     bucket_tile,
-    load_times,
     pos_bucket,
+)
+from kernels.attention_triton_common import (
+    act_fwd,
+    load_times,
+    score_grads,
     score_scales,
     stream_tile,
     visible,
@@ -58,9 +60,14 @@ def _block_scores(q, k, pos, ok, ts_q, ts_k, L, hist_end, h, POSW, TIMEW, qk_sca
 
 
 @triton.jit
-def _row_item(WORK, OFF, NT, item, group, S: tl.constexpr, HAS_NT: tl.constexpr):
-    """(row, its first token, its length, end of its history, first block of the item, blocks in the item);
-    row < 0 for an unused item."""
+def _program_item(WORK, OFF, NT, group, scale, norm_const, S: tl.constexpr, H: tl.constexpr,
+                  HAS_NT: tl.constexpr, ACT: tl.constexpr, NORM_ROW: tl.constexpr):
+    """This program's work item and head: (row, head, the row's first token, its length, end of its history,
+    first block of the item, blocks in the item, q·k factor, bias factor, pointwise 1/n); row < 0 for an
+    unused item."""
+    pid = tl.program_id(0)
+    item = pid // H
+    h = pid % H
     row = tl.load(WORK + 2 * item)
     first = tl.load(WORK + 2 * item + 1) * group
     start = tl.load(OFF + tl.maximum(row, 0)).to(tl.int64)
@@ -69,7 +76,12 @@ def _row_item(WORK, OFF, NT, item, group, S: tl.constexpr, HAS_NT: tl.constexpr)
     if HAS_NT:
         hist_end = L - tl.load(NT + tl.maximum(row, 0)).to(tl.int32)
     n_here = tl.minimum(group, tl.cdiv(L, S) - first)
-    return row, start, L, hist_end, first, n_here
+    qk_scale, bias_scale = score_scales(scale, ACT)
+    if NORM_ROW:
+        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
+    else:
+        inv_n = 1.0 / norm_const
+    return row, h, start, L, hist_end, first, n_here, qk_scale, bias_scale, inv_n
 
 
 @triton.jit
@@ -81,20 +93,13 @@ def block_attn_fwd_kernel(
     NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr,
     PREC: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    item = pid // H
-    h = pid % H
-    row, start, L, hist_end, first, n_here = _row_item(WORK, OFF, NT, item, group, S, HAS_NT)
+    row, h, start, L, hist_end, first, n_here, qk_scale, bias_scale, inv_n = _program_item(
+        WORK, OFF, NT, group, scale, norm_const, S, H, HAS_NT, ACT, NORM_ROW)
     if row < 0:
         return
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    qk_scale, bias_scale = score_scales(scale, ACT)
-    if NORM_ROW:
-        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
-    else:
-        inv_n = 1.0 / norm_const
     col = h * HEAD_DIM
     for i in tl.range(0, n_here, num_stages=STAGES):
         b0 = (first + i) * S
@@ -149,20 +154,13 @@ def block_attn_bwd_kernel(
 ):
     """dq, dk, dv of each block from one load of its q, k, v, o, dO and log-sum-exp (``delta = dO . o``
     is computed here); bias-table gradients summed per program before the atomic adds."""
-    pid = tl.program_id(0)
-    item = pid // H
-    h = pid % H
-    row, start, L, hist_end, first, n_here = _row_item(WORK, OFF, NT, item, group, S, HAS_NT)
+    row, h, start, L, hist_end, first, n_here, qk_scale, bias_scale, inv_n = _program_item(
+        WORK, OFF, NT, group, scale, norm_const, S, H, HAS_NT, ACT, NORM_ROW)
     if row < 0:
         return
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    qk_scale, bias_scale = score_scales(scale, ACT)
-    if NORM_ROW:
-        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
-    else:
-        inv_n = 1.0 / norm_const
     col = h * HEAD_DIM
     pos_acc = tl.zeros([TILE, TILE], dtype=tl.float32)
     for i in tl.range(0, n_here, num_stages=STAGES):
@@ -177,18 +175,13 @@ def block_attn_bwd_kernel(
         s, vis = _block_scores(q, k, pos, ok, ts_q, ts_k, L, hist_end, h, POSW, TIMEW, qk_scale, bias_scale, S, H,
                                CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        lse = tl.zeros([TILE], dtype=tl.float32)  # read by softmax only
+        delta = lse
         if ACT == 0:
             o = stream_tile(OD, OUT + rows, start + b0, col, ok, d_ok, True, EVEN_D, USE_TMA)
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
             lse = tl.load(LSE + (start + pos) * H + h, mask=ok, other=float("inf"))
-            p = tl.exp2(s - lse[:, None])
-            ds = p * (dp - delta[:, None])
-        else:
-            a, da = act_fwd_bwd(s, ACT)
-            p = a * inv_n
-            ds = dp * da * inv_n
-        p = tl.where(vis, p, 0.0)
-        ds = tl.where(vis, ds, 0.0)
+        p, ds = score_grads(s, dp, lse, delta, vis, inv_n, ACT, True)
         mask = ok[:, None] & d_ok[None, :]
         dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)

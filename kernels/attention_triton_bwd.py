@@ -16,26 +16,28 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_triton_common import (
+from kernels.attention_triton_bias import (
     SPAN_POS,
     SPAN_TIME,
     TABLE_PADS,
-    act_fwd_bwd,
     add_bias_span,
+    flush_table_grad,
+    min_max,
+    near_tiles,
+    table_grad_span,
+    tile_spans,
+)
+from kernels.attention_triton_common import (
     config_prune,
     descriptor_hook,
-    flush_table_grad,
     kernel_configs,
     kv_range,
     load_times,
     load_vec,
-    min_max,
-    near_tiles,
     q_range,
+    score_grads,
     score_scales,
     stream_rows,
-    table_grad_span,
-    tile_spans,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
@@ -70,24 +72,6 @@ def _scores(q, k, pos_q, pos_k, ts_q, ts_k, q_first, q_last, k_first, k_last, tq
     s = add_bias_span(s, pos_q, pos_k, p_lo, p_hi, ts_q, ts_k, u, w, t_lo, t_hi, t_narrow, h, POSW, TIMEW,
                       bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD)
     return s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow
-
-
-@triton.jit
-def _score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr):
-    """(p, ds) of a tile: softmax ``p = exp2(s - lse)``, ``ds = p * (dp - delta)``; pointwise
-    ``p = act(s) / n``, ``ds = dp * act'(s) / n``. ``MASKED``: zero outside ``ok`` (where a neighbour
-    row's token may give a non-finite ``dp``, and ``lse`` may be +inf)."""
-    if ACT == 0:
-        p = tl.exp2(s - lse[:, None])
-        ds = p * (dp - delta[:, None])
-    else:
-        a, da = act_fwd_bwd(s, ACT)
-        p = a * inv_n
-        ds = dp * da * inv_n
-    if MASKED:
-        p = tl.where(ok, p, 0.0)
-        ds = tl.where(ok, ds, 0.0)
-    return p, ds
 
 
 @triton.jit
@@ -126,7 +110,7 @@ def _dkdv_tile(
     if ACT == 0:
         lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
         delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
-    p, ds = _score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
+    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     if HAS_POS or HAS_TIME:
@@ -167,7 +151,7 @@ def _dq_tile(
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-    _, ds = _score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
+    _, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     return dq
 

@@ -9,21 +9,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_triton_common import (
+from kernels.attention_triton_bias import (
     TABLE_PADS,
-    act_fwd,
     add_bias_span,
+    min_max,
+    tile_spans,
+)
+from kernels.attention_triton_common import (
+    act_fwd,
     config_prune,
     descriptor_hook,
     kernel_configs,
     kv_range,
     load_rows,
     load_times,
-    min_max,
     score_scales,
     softmax_step,
     stream_rows,
-    tile_spans,
     unmasked_kv_end,
     visible,
 )

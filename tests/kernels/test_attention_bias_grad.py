@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_spec import pos_bucket, time_bucket
-from kernels.attention_triton_common import diagonal_grad
+from kernels.attention_triton_bias import diagonal_grad
 from tests.kernels.attention_cases import assert_accurate, make_problem
 
 TILE = 32  # the interpreter's tiles

@@ -1,0 +1,204 @@
+"""Block-local and window attention on the GPU (issue 5): timings beside flex_attention and our full
+causal kernel, the one-pass block kernels against float64, and their configuration sweep. Run through
+``benchmarks/attention.py local | blockcheck | blocksweep`` (its docstring lists the arguments).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.attention import (
+    NUM_POS,
+    NUM_TIME,
+    _block_mask,
+    _flex,
+    _packed,
+    _time_pair,
+    cuda_time,
+    offsets_of,
+    rel_err,
+)
+from kernels import RelativeBias, jagged_attention
+
+
+def _local_masks(doc: torch.Tensor) -> dict[str, Callable]:
+    return {"block": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i // 64 == j // 64),
+            "window": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i - j <= 256)}
+
+
+COPY_CEILING_GBS = 4200.0  # device-to-device copy on the H200 (read + write), shared/device/README.md
+
+
+def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
+    """Issue 5: block-local (S=64) and window (W=256) vs full causal and flex, B*L constant.
+
+    "block S=64" is the one-pass block kernel (``kernels.attention_block_op``: one offsets tensor for
+    both sides); "generic block" is the same call through the generic jagged kernels (a copy of the
+    offsets as ``kv_offsets`` routes it there). GB/s: q, k, v read once and o written once
+    (4·ΣL·H·D·2 bytes) over the block forward's time. ``calls`` > 1 times that many back-to-back calls
+    per measurement (every column), so host work per call hides behind the GPU's as in training.
+    """
+    H, D, tokens = 8, 128, 1 << 17
+    flex, create_block_mask = _flex()
+    rows = [f"### Block-local / window, B*L={tokens}, H={H}, D={D}, bf16, causal, fwd+bwd ms, {calls} call(s) "
+            "per timing", "",
+            "| L | B | block S=64 | generic block | flex block | window W=256 | flex window | full causal (ours) | "
+            "block vs flex | block vs generic | window vs flex | full / block | block fwd ms | flex block fwd ms | "
+            "block fwd GB/s | of copy ceiling |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    qf, kf, vf = _packed(q), _packed(k), _packed(v)
+    dof = do.permute(1, 0, 2).unsqueeze(0).contiguous()
+    for L in seq_lens or (2048, 4096, 8192, 16384, 32768):
+        B = tokens // L
+        offs = offsets_of(torch.full((B,), L, dtype=torch.int64))
+        other = offs.clone()  # a second offsets tensor: the generic kernels
+        doc = torch.arange(tokens, device="cuda") // L
+        res = {}
+        for key, kw, kv_offs in (("block", dict(block_size=64), offs), ("generic", dict(block_size=64), other),
+                                 ("window", dict(window=256), offs), ("full", {}, offs)):
+            res[key] = _time_pair(
+                lambda kw=kw, offs=offs, kv=kv_offs, L=L: jagged_attention(q, k, v, offs, kv, causal=True,
+                                                                           max_kv_len=L, **kw),
+                do, [q, k, v], calls)
+        fx = {}
+        for key, mm in _local_masks(doc).items():
+            bm = _block_mask(create_block_mask, mm, tokens, tokens)
+            fx[key] = _time_pair(lambda bm=bm: flex(qf, kf, vf, block_mask=bm), dof, [qf, kf, vf], calls)
+        gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
+        rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
+                    f"{res['window'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
+                    f"{fx['block'][1] / res['block'][1]:.2f}x | {res['generic'][1] / res['block'][1]:.2f}x | "
+                    f"{fx['window'][1] / res['window'][1]:.2f}x | {res['full'][1] / res['block'][1]:.1f}x | "
+                    f"{res['block'][0]:.3f} | {fx['block'][0]:.3f} | {gbs:.0f} | {gbs / COPY_CEILING_GBS:.0%} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _block_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
+               impl: str, kw: dict) -> tuple[list[torch.Tensor], bool]:
+    """Output and gradients of one self-attention call in ``dt``; whether it ran the block op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import kernels.attention_block_op  # noqa: F401  (its FLOP formulas must exist before the counter starts)
+
+    leaves = [t.to(dt).detach().requires_grad_() for t in qkvdo[:3]]
+    tdt = torch.float64 if dt == torch.float64 else torch.float32
+    w = [t.to(tdt).detach().requires_grad_() for t in tables] if tables is not None else []
+    bias = RelativeBias(w[0], w[1], ts, ts) if w else None
+    with FlopCounterMode(display=False) as fc:
+        out = jagged_attention(*leaves, offs, offs, bias=bias, impl=impl, **kw)
+        out.backward(qkvdo[3].to(dt))
+    took = any("block_attn_fwd" in str(op) for op in fc.get_flop_counts().get("Global", {}))
+    return [out] + [t.grad for t in leaves] + [t.grad for t in w], took
+
+
+def blockcheck() -> list[str]:
+    """The one-pass block kernels against float64 on the GPU (self-attention: one offsets tensor), bf16
+    and fp32, with the accuracy rule of ``check``; also checks that the calls took the block ops."""
+    rows = ["| S | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
+            "worst grad err (ours / ref-lowp) | block op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    cases = [(64, 128, "softmax", True, False, False), (64, 128, "softmax", True, True, True),
+             (32, 64, "softmax", False, True, False), (16, 32, "softmax", True, True, False),
+             (64, 128, "silu", True, True, False), (64, 64, "gelu", False, False, True),
+             (48, 128, "softmax", True, True, False)]
+    lens = torch.tensor([0, 1, 63, 64, 65, 300, 129, 1000, 17])
+    offs = offsets_of(lens)
+    T, H = int(lens.sum()), 4
+    g = torch.Generator(device="cuda").manual_seed(2)
+    all_ok = True
+    for S, D, act, causal, has_bias, targets in cases:
+        q, k, v, do = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.float64) for _ in range(4))
+        pos = torch.randn(NUM_POS, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+        tim = torch.randn(NUM_TIME, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+        ts = torch.randint(0, 10**5, (T,), device="cuda", generator=g).sort().values
+        nt = torch.tensor([0, 0, 3, 5, 2, 16, 0, 7, 1], device="cuda") if targets else None
+        tables = (pos, tim) if has_bias else None
+        kw = dict(activation=act, causal=causal, block_size=S, num_targets=nt)
+        for dtype in (torch.bfloat16, torch.float32):
+            ref, _ = _block_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw)
+            lowp, _ = _block_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw)
+            try:
+                ours, took = _block_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
+            except Exception as e:  # report the case and go on with the others
+                all_ok = False
+                rows.append(f"| {S} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
+                            f"failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
+                print(rows[-1], flush=True)
+                continue
+            torch.cuda.synchronize()
+            floor = {torch.float32: 1e-5, torch.bfloat16: 5e-3}[dtype]
+            errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
+            ok = took and all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
+            all_ok &= ok
+            worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
+            rows.append(f"| {S} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
+                        f"{errs[0][0]:.1e} / {errs[0][1]:.1e} | {worst[0]:.1e} / {worst[1]:.1e} | {took} | "
+                        f"{'yes' if ok else 'NO'} |")
+            print(rows[-1], flush=True)
+    rows.append(f"\nBLOCK ALL OK: {all_ok}")
+    return rows
+
+
+def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
+    """Blocks per program (group), warps and pipeline stages of the block kernels, forward and backward
+    timed alone (causal softmax, no bias), with and without tensor descriptors."""
+    from kernels import attention_block_op as bop
+    from kernels import attention_triton_common as common
+
+    H, D, tokens = 8, 128, 1 << 17
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
+    scale = 1 / math.sqrt(D)
+    base = {"fwd": 4 * tokens * H * D * 2 + tokens * H * 4, "bwd": 8 * tokens * H * D * 2 + tokens * H * 4}
+    rows = [f"### Block kernels alone, L={L}, S={S}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax", "",
+            "| pass | descriptors | group | warps | stages | ms | GB/s | of copy ceiling |",
+            "|---|---|---|---|---|---|---|---|"]
+    saved, saved_tma = (dict(bop.FWD_CONFIG), dict(bop.BWD_CONFIG)), common.TMA
+    # (descriptors, group, warps, stages): every group and config with descriptors, one without.
+    combos = [("auto", gr, w, st) for gr in (2, 4, 8) for w, st in ((4, 1), (4, 2), (4, 3), (8, 2))]
+    combos += [("0", 4, 4, 2)]
+    try:
+        for tma, group, warps, stages in combos:
+            common.TMA = tma
+            work = bop.block_work(offs, tokens, S, group)
+            args = (offs, None, None, None, None, None, "softmax", True, scale, S, 0, group, work)
+            out, lse = torch.ops.gemtrain.block_attn_fwd(q, k, v, *args)
+            for name, table, fn in (
+                    ("fwd", bop.FWD_CONFIG, lambda a=args: torch.ops.gemtrain.block_attn_fwd(q, k, v, *a)),
+                    ("bwd", bop.BWD_CONFIG, lambda a=args, o=out, m=lse: torch.ops.gemtrain.block_attn_bwd(
+                        do, q, k, v, o, m, *a))):
+                table[bop.config_key(q, S)] = (warps, stages)
+                try:
+                    ms = cuda_time(fn, reps=20)
+                except Exception as e:  # a configuration that does not compile or fit
+                    rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | failed: {type(e).__name__} | | |")
+                    continue
+                gbs = base[name] / (ms * 1e-3) / 1e9
+                rows.append(f"| {name} | {tma} | {group} | {warps} | {stages} | {ms:.3f} | {gbs:.0f} | "
+                            f"{gbs / COPY_CEILING_GBS:.0%} |")
+                print(rows[-1], flush=True)
+    finally:
+        bop.FWD_CONFIG.update(saved[0])
+        bop.BWD_CONFIG.update(saved[1])
+        common.TMA = saved_tma
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- fp8
+
+
+def main(what: str, args: list[str]) -> list[str]:
+    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``."""
+    if what == "local":
+        calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
+        return local([int(a) for a in args if not a.startswith("calls=")] or None, calls)
+    if what == "blockcheck":
+        return blockcheck()
+    return blocksweep(*(int(a) for a in args[:1]))

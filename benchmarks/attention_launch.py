@@ -15,7 +15,7 @@ import time
 import torch
 import triton
 
-from benchmarks.attention import BATCHES, lengths
+from benchmarks.attention import BATCHES, lengths, offsets_of
 from kernels import attention_op as op
 from kernels import attention_triton_common as common
 from kernels import jagged_attention
@@ -36,7 +36,7 @@ def per_call_us(fn, n: int = 200) -> float:
 def main(name: str = "B") -> None:
     B, max_len, H, D = BATCHES[name]
     lens = lengths(B, max_len)
-    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
+    offs = offsets_of(lens)
     T = int(lens.sum())
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     args = ("softmax", True, D ** -0.5, 0, -1, 0, triton.next_power_of_2(max_len), 0)
@@ -61,7 +61,7 @@ def backward(name: str = "B") -> None:
     """Host time of the backward op and of an autograd forward+backward, and where the host spends it."""
     B, max_len, H, D = BATCHES[name]
     lens = lengths(B, max_len)
-    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
+    offs = offsets_of(lens)
     T = int(lens.sum())
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     args = ("softmax", True, D ** -0.5, 0, -1, 0, triton.next_power_of_2(max_len), 0)

@@ -14,14 +14,15 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.attention import BATCHES, lengths
+from benchmarks.attention import BATCHES, lengths, offsets_of
+from benchmarks.attention_launch import per_call_us
 from kernels import jagged_attention
 
 
 def main(name: str = "B", iters: int = 20) -> None:
     B, max_len, H, D = BATCHES[name]
     lens = lengths(B, max_len)
-    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).cuda()
+    offs = offsets_of(lens)
     T = int(lens.sum())
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
@@ -39,11 +40,7 @@ def main(name: str = "B", iters: int = 20) -> None:
         step()
         torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / iters * 1e3
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    host = (time.perf_counter() - t0) / iters * 1e3  # launches queue behind the GPU once it is busy
-    torch.cuda.synchronize()
+    host = per_call_us(step, iters) / 1e3  # launches queue behind the GPU once it is busy
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()

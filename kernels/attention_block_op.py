@@ -19,7 +19,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
-from kernels.attention_op import _ptr, _unset, work_list  # attention_op imports this module lazily
+from kernels.attention_op import (  # attention_op imports this module lazily
+    _ptr,
+    _unset,
+    eager_autograd,
+    work_list,
+)
 from kernels.attention_triton_block import block_attn_bwd_kernel, block_attn_fwd_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
 
@@ -209,25 +214,10 @@ def _bwd_flops(*args, out_val=None, **kwargs) -> int:
     return int(BACKWARD_FACTOR * 4 * pairs * q.shape[1] * q.shape[2])
 
 
-class _BlockAttention(torch.autograd.Function):
-    """The two ops under one autograd node. Same gradients as the ops' registered autograd, but a call
-    skips the custom-op autograd layer (argument re-binding per call: about 100 us of host time per
-    forward and 100-160 us per forward+backward, measured on the 2-core development VM with the kernels
-    stubbed), host time that a timed call pays while the GPU waits. Callers of the raw forward op still
-    get its registered autograd."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, activation, causal,
-                scale, block_size, norm, group, work):
-        out, lse = torch.ops.gemtrain.block_attn_fwd(q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts,
-                                                     kv_ts, activation, causal, scale, block_size, norm, group, work)
-        ctx.save_for_backward(q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work)
-        ctx.rest = (activation, causal, scale, block_size, norm, group)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        return _backward(ctx, dout, None)
+# Eager calls skip the custom-op autograd layer (about 100 us of host time per forward and 100-160 us per
+# forward+backward, measured on the 2-core development VM with the kernels stubbed); callers of the raw
+# forward op still get its registered autograd, with the same gradients.
+_BlockAttention = eager_autograd("_BlockAttention", torch.ops.gemtrain.block_attn_fwd, _setup_context, _backward)
 
 
 def block_attention(

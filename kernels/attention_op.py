@@ -283,21 +283,22 @@ def jagged_attention_triton(
     return _JaggedAttention.apply(*inputs)
 
 
-class _JaggedAttention(torch.autograd.Function):
-    """The forward and backward ops under one autograd node, for eager calls. Same gradients as the op's
-    registered autograd, without the custom-op autograd layer's per-call argument re-binding (host time
-    that a synchronized call pays while the GPU waits); the ops themselves still dispatch, so FLOP
-    counters and other dispatch modes see them."""
+def eager_autograd(name: str, fwd_op, setup_context, backward) -> type[torch.autograd.Function]:
+    """An ``autograd.Function`` (named ``name``) that runs ``fwd_op`` with the autograd the op registers
+    (its ``setup_context`` and ``backward``) and returns the op's first output. Eager calls through it skip
+    the custom-op autograd layer's per-call argument re-binding (host time a synchronized call pays while
+    the GPU waits); the op itself still dispatches, so FLOP counters and other dispatch modes see it."""
 
-    @staticmethod
     def forward(ctx, *inputs):
-        output = torch.ops.gemtrain.jagged_attn_fwd(*inputs)
-        _setup_context(ctx, inputs, output)
+        output = fwd_op(*inputs)
+        setup_context(ctx, inputs, output)
         return output[0]
 
-    @staticmethod
-    def backward(ctx, dout):
-        return _backward(ctx, dout, None)
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(lambda ctx, dout: backward(ctx, dout, None))})
+
+
+_JaggedAttention = eager_autograd("_JaggedAttention", torch.ops.gemtrain.jagged_attn_fwd, _setup_context, _backward)
 
 
 __all__ = ["jagged_attention_triton", "work_list"]

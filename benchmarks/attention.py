@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -467,6 +468,7 @@ def main(argv: list[str]) -> None:
     elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
         out = fp8(argv[2] if len(argv) > 2 else "A")
     elif what in ("local", "blockcheck", "blocksweep"):  # block-local and window attention (issue 5)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
         from benchmarks import attention_local
 
         out = attention_local.main(what, argv[2:])

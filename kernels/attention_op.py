@@ -268,6 +268,16 @@ def jagged_attention_triton(
             time_weight=None if time_w is None else time_w.contiguous(), q_timestamps=q_ts, kv_timestamps=kv_ts,
             norm=0 if pointwise_norm == "row" else int(pointwise_norm),
         )
+    from kernels import attention_window_op as window_op
+
+    if window_op.supports(q, k, q_offsets, kv_offsets, block_size, window):  # the window's own kernels
+        return window_op.window_attention(
+            q, k, v, q_offsets, activation=activation, causal=causal, scale=scale, window=int(window),
+            num_targets=None if num_targets is None else num_targets.contiguous(),
+            pos_weight=None if pos_w is None else pos_w.contiguous(),
+            time_weight=None if time_w is None else time_w.contiguous(), q_timestamps=q_ts, kv_timestamps=kv_ts,
+            norm=0 if pointwise_norm == "row" else int(pointwise_norm),
+        )
     len_key, q_len_hint = _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0)
     block = int(block_size or 0)
     # One list of query tiles for the forward and (where it fits) the backward's two passes.

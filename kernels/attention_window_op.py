@@ -1,0 +1,228 @@
+"""Sliding-window self-attention as ``torch.library`` custom ops around ``attention_triton_window``.
+
+``gemtrain::window_attn_fwd`` / ``gemtrain::window_attn_bwd`` (autograd and FLOP formulas registered) serve
+``jagged_attention(..., window=W)`` without ``block_size`` for self-attention (one offsets tensor for both
+sides) with head dim <= 128; ``attention_op.jagged_attention_triton`` routes those calls here
+(``supports``) and keeps the generic kernels for everything else.
+
+Work list: one item per (row, tile of ``TILE`` tokens) (``attention_op.work_list``), shared by the
+forward, the dq kernel (query tiles) and the dk/dv kernel (key tiles of the same size).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels import attention_triton_common as common
+from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
+from kernels.attention_op import (  # attention_op imports this module lazily
+    _ptr,
+    _unset,
+    eager_autograd,
+    work_list,
+)
+from kernels.attention_triton_common import ACT_CODES, INTERPRET
+from kernels.attention_triton_window import (
+    window_attn_bwd_dkdv_kernel,
+    window_attn_bwd_dq_kernel,
+    window_attn_fwd_kernel,
+)
+
+Tensor = torch.Tensor
+
+MAX_HEAD_DIM = 128
+# Tile (queries and keys alike), and (warps, stages) of each kernel, by config class ("small": 2-byte
+# elements; "large": fp32, whose pipelined tiles need more shared memory).
+TILE: dict[str, int] = {"small": 64, "large": 64}
+FWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 3), "large": (4, 1)}
+DQ_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
+DKDV_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
+INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
+WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_size: int | None,
+             window: int | None) -> bool:
+    """Whether the window kernels serve this call: a window without blocks, self-attention (one offsets
+    tensor for both sides), head dim <= MAX_HEAD_DIM."""
+    return (window is not None and block_size is None and window >= 0 and q.shape[-1] <= MAX_HEAD_DIM
+            and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
+            and q_offsets.numel() == kv_offsets.numel())
+
+
+def config_key(q: Tensor) -> str:
+    return "small" if q.element_size() <= 2 else "large"
+
+
+def tile_of(q: Tensor) -> int:
+    return INTERPRET_TILE if INTERPRET or not q.is_cuda else TILE[config_key(q)]
+
+
+def window_work(offsets: Tensor, total: int, tile: int) -> Tensor:
+    return work_list(offsets, offsets, tile, total)[0]
+
+
+def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
+    if not enabled:
+        return t
+    tokens, heads, dim = t.shape
+    return TensorDescriptor(t, [tokens, heads * dim], [heads * dim, 1], [tile, dim])
+
+
+def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tensor | None,
+          pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, tile: int,
+          config: tuple[int, int]) -> dict:
+    num_pos = 1 if pos_weight is None else pos_weight.shape[0]
+    num_time = 1 if time_weight is None else time_weight.shape[0]
+    return dict(
+        H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]), ACT=ACT_CODES[activation], CAUSAL=causal,
+        HAS_NT=num_targets is not None, HAS_POS=pos_weight is not None, NUM_POS=num_pos,
+        HAS_TIME=time_weight is not None, NUM_TIME=num_time, NORM_ROW=norm == 0,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, BLOCK_M=tile, BLOCK_N=tile,
+        STAGES=1 if INTERPRET else config[1], POS_PAD=_pow2(num_pos), TIME_PAD=_pow2(num_time),
+        num_warps=config[0],
+    )
+
+
+@torch.library.custom_op("gemtrain::window_attn_fwd", mutates_args=())
+def window_attn_fwd(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
+    time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, window: int, norm: int, work: Tensor,
+) -> tuple[Tensor, Tensor]:
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
+    out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
+    tile, key = tile_of(q), config_key(q)
+    tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, FWD_CONFIG[key])
+    window_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
+        q, k, v, _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets),
+        scale, float(max(norm, 1)), min(window, WINDOW_CAP), **meta,
+    )
+    return out, lse
+
+
+@window_attn_fwd.register_fake
+def _(q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation, causal,
+      scale, window, norm, work):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("gemtrain::window_attn_bwd", mutates_args=())
+def window_attn_bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, offsets: Tensor,
+    num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, window: int, norm: int, work: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
+    dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
+                        device=q.device)
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), _cast(dpos, pos_weight), \
+            _cast(dtime, time_weight)
+    do = do.contiguous()
+    dq, dk, dv = _unset(q), _unset(k), _unset(v)
+    delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
+    tile, key = tile_of(q), config_key(q)
+    tma = common.use_tma([q, k, v, out, do], q.shape[2], _pow2(q.shape[2]))
+    common_args = (_ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse))
+    scalars = (scale, float(max(norm, 1)), min(window, WINDOW_CAP))
+    grid = (work.shape[0] * q.shape[1],)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, DQ_CONFIG[key])
+    window_attn_bwd_dq_kernel[grid](
+        q, k, v, out, do, _desc(k, tile, tma), _desc(v, tile, tma), lse, delta, dq, offsets, *common_args,
+        _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
+    )
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, DKDV_CONFIG[key])
+    window_attn_bwd_dkdv_kernel[grid](
+        q, k, v, do, _desc(q, tile, tma), _desc(do, tile, tma), lse, delta, dk, dv, offsets, *common_args,
+        dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
+        _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
+    )
+    return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+
+
+def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
+    return grad if table is None else grad.to(table.dtype)
+
+
+@window_attn_bwd.register_fake
+def _(do, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
+      activation, causal, scale, window, norm, work):
+    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
+    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, rest[-1])
+    ctx.rest = rest[:-1]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = ctx.saved_tensors
+    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.window_attn_bwd(
+        dout, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *ctx.rest, work,
+    )
+    return (dq, dk, dv, None, None, dpos if pos_weight is not None else None,
+            dtime if time_weight is not None else None) + (None,) * 8
+
+
+window_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, window: int, tokens: int) -> int:
+    try:
+        return visible_pairs(offsets, offsets, causal=causal, window=window, num_targets=num_targets)
+    except Exception:  # fake/meta offsets (tracing): no values, so assume every query sees a whole window
+        return tokens * (window + 1 if causal else 2 * window + 1)
+
+
+@register_flop_formula(torch.ops.gemtrain.window_attn_fwd, get_raw=True)
+def _fwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[0]
+    return 4 * _pairs(args[3], args[4], args[10], args[12], q.shape[0]) * q.shape[1] * q.shape[2]
+
+
+@register_flop_formula(torch.ops.gemtrain.window_attn_bwd, get_raw=True)
+def _bwd_flops(*args, out_val=None, **kwargs) -> int:
+    q = args[1]
+    pairs = _pairs(args[6], args[7], args[13], args[15], q.shape[0])
+    return int(BACKWARD_FACTOR * 4 * pairs * q.shape[1] * q.shape[2])
+
+
+# Eager calls skip the custom-op autograd layer (as the block ops do); callers of the raw forward op get its
+# registered autograd, with the same gradients.
+_WindowAttention = eager_autograd("_WindowAttention", torch.ops.gemtrain.window_attn_fwd, _setup_context,
+                                  _backward)
+
+
+def window_attention(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, *, activation: str, causal: bool, scale: float,
+    window: int, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None, norm: int,
+) -> Tensor:
+    """Sliding-window self-attention through the custom ops (inputs contiguous, validated by the caller)."""
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        work = torch.zeros((0, 2), dtype=torch.int32, device=q.device)
+    else:
+        work = window_work(offsets, q.shape[0], tile_of(q))
+    return _WindowAttention.apply(
+        q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation,
+        bool(causal), float(scale), int(window), int(norm), work,
+    )
+
+
+__all__ = ["supports", "window_attention"]

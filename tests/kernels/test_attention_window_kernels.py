@@ -1,0 +1,134 @@
+"""Sliding-window self-attention kernels (``kernels.attention_window_op``, interpreter): accuracy against the
+float64 reference, locality, and that ``jagged_attention`` routes window self-attention to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import kernels.attention_op  # noqa: F401
+import kernels.attention_window_op  # noqa: F401  (registers the FLOP formulas before a counter starts)
+from kernels import jagged_attention
+from kernels.attention_flops import visible_pairs
+from tests.kernels.attention_cases import assert_accurate, make_problem, run
+
+# Lengths (tiles of 16 under the interpreter): 0, 1, shorter than the windows below, longer, and the maximum
+# (several whole tiles, so the kernels' unmasked middle tiles run).
+LENGTHS = [0, 1, 5, 70, 17]
+
+
+def _self_problem(seed: int, heads: int = 2, bias: bool = True, targets: bool = False, lengths=LENGTHS):
+    """A problem whose rows attend to themselves through one offsets tensor (the window kernels' case)."""
+    p = make_problem(seed=seed, lq=lengths, lk=lengths, heads=heads, bias=bias, targets=targets)
+    p.kv_offsets = p.q_offsets
+    p.kv_ts = p.q_ts
+    return p
+
+
+def _ops(p, **kw) -> dict[str, int]:
+    """FLOPs by op name of one forward+backward through the Triton path."""
+    leaves = [t.detach().float().requires_grad_() for t in (p.q, p.k, p.v)]
+    with FlopCounterMode(display=False) as fc:
+        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, impl="triton", **kw)
+        out.backward(p.do.float())
+    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+
+
+@pytest.mark.parametrize("act,causal", [("softmax", True), ("softmax", False), ("silu", True), ("gelu", False)])
+def test_window_kernels_match_reference(act, causal):
+    # W=36 over tiles of 16: a query tile's keys span a masked far-edge tile, a whole tile every query sees
+    # and the masked diagonal (the dk/dv kernel likewise over query tiles). Softmax with both tables in
+    # fp32, pointwise activations with the position table alone in fp16.
+    p = _self_problem(seed=7, bias=True)
+    dtype = torch.float32 if act == "softmax" else torch.float16
+    if act != "softmax":
+        p.time = None
+    assert_accurate(p, dtype, activation=act, causal=causal, window=36)
+
+
+def test_window_kernels_window_shorter_than_a_tile():
+    p = _self_problem(seed=13, heads=1, bias=True)
+    assert_accurate(p, torch.float32, causal=True, window=3)
+
+
+@pytest.mark.parametrize("act", ["softmax", "silu"])
+def test_window_kernels_without_bias_and_with_targets(act):
+    p = _self_problem(seed=23, bias=False, targets=True)
+    assert_accurate(p, torch.float16 if act == "softmax" else torch.float32, activation=act, causal=True,
+                    window=20)
+
+
+def test_window_kernels_targets_bias_non_causal_fixed_norm():
+    p = _self_problem(seed=29, heads=1, bias=True, targets=True)
+    assert_accurate(p, torch.float32, activation="silu", causal=False, window=18, pointwise_norm=7, scale=0.3)
+
+
+def test_window_kernels_empty_batch():
+    p = _self_problem(seed=31, lengths=[0, 0])
+    out, dq, dk, dv, dpos, dtime = run(p, torch.float32, "triton", causal=True, window=8)
+    assert out.shape == (0, 2, 16) and dq.shape == dk.shape == dv.shape == (0, 2, 16)
+    assert torch.count_nonzero(dpos) == 0 and torch.count_nonzero(dtime) == 0
+
+
+@pytest.mark.parametrize("act", ["softmax", "gelu"])
+def test_keys_outside_the_window_do_not_touch_the_query(act):
+    row, query, window = 3, 50, 20  # row of length 70; query 50 sees keys 30 .. 50
+    base_p = _self_problem(seed=3, heads=1, bias=False)
+    results = {}
+    for name, key in (("base", None), ("outside", 29), ("inside", 31)):
+        p = _self_problem(seed=3, heads=1, bias=False)
+        if key is not None:
+            j = int(p.q_offsets[row]) + key
+            g = torch.Generator().manual_seed(7)
+            p.k[j] += torch.randn(p.k[j].shape, generator=g, dtype=torch.float64)
+            p.v[j] += torch.randn(p.v[j].shape, generator=g, dtype=torch.float64)
+        results[name] = run(p, torch.float32, "triton", activation=act, causal=True, window=window)
+    i = int(base_p.q_offsets[row]) + query
+    for n, name in enumerate(("out", "dq")):
+        assert torch.equal(results["base"][n][i], results["outside"][n][i]), f"{name} moved with a key outside"
+        assert not torch.equal(results["base"][n][i], results["inside"][n][i]), f"{name} ignored a key inside"
+    # Keys whose windows do not reach the perturbed key (its queries 29 .. 49) keep their gradients: 50 .. 69.
+    keys = slice(int(base_p.q_offsets[row]) + 50, int(base_p.q_offsets[row]) + 70)
+    for n in (2, 3):
+        assert torch.equal(results["base"][n][keys], results["outside"][n][keys])
+
+
+def test_window_self_attention_takes_the_window_kernels():
+    p = _self_problem(seed=41, bias=False, lengths=[0, 5, 40])
+    kw = dict(causal=True, window=20)
+    ops = _ops(p, **kw)
+    pairs = visible_pairs(p.q_offsets, p.q_offsets, causal=True, window=20)
+    assert ops.get("gemtrain.window_attn_fwd") == 4 * pairs * 2 * 16, ops
+    assert ops.get("gemtrain.window_attn_bwd") == int(2.5 * 4 * pairs * 2 * 16), ops
+    assert not any("jagged_attn" in name for name in ops), ops
+    # Two offsets tensors (the general case) or a window with blocks keep the generic kernels.
+    cross = _self_problem(seed=41, bias=False, lengths=[0, 5, 40])
+    cross.kv_offsets = cross.q_offsets.clone()
+    for prob, extra in ((cross, kw), (p, dict(causal=True, window=20, block_size=128))):
+        ops = _ops(prob, **extra)
+        assert "gemtrain.jagged_attn_fwd" in ops and not any("window_attn" in n for n in ops), (extra, ops)
+
+
+def test_raw_op_autograd_equals_the_autograd_node():
+    # jagged_attention runs the ops under one autograd.Function; the forward op's registered autograd
+    # (for callers of the raw op) must give the same gradients bit for bit.
+    from kernels.attention_window_op import window_attention, window_work
+
+    p = _self_problem(seed=43, heads=1, bias=True, lengths=[5, 40])
+    grads = []
+    for raw in (False, True):
+        q, k, v = (t.detach().float().requires_grad_() for t in (p.q, p.k, p.v))
+        pos = p.pos.detach().float().requires_grad_()
+        if raw:
+            work = window_work(p.q_offsets, q.shape[0], 16)
+            out = torch.ops.gemtrain.window_attn_fwd(q, k, v, p.q_offsets, None, pos, None, None, None, "softmax",
+                                                     True, 0.25, 20, 0, work)[0]
+        else:
+            out = window_attention(q, k, v, p.q_offsets, activation="softmax", causal=True, scale=0.25, window=20,
+                                   num_targets=None, pos_weight=pos, time_weight=None, q_timestamps=None,
+                                   kv_timestamps=None, norm=0)
+        out.backward(p.do.float())
+        grads.append([out.detach(), q.grad, k.grad, v.grad, pos.grad])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -2,8 +2,9 @@
 
 - Data: the loader's threads read and decode; `DevicePrefetcher` copies the next batch to the device
   (on CUDA on a side stream) while the current step computes.
-- Optimizers: dense parameters with AdamW; the embedding tables (every torchrec EmbeddingCollection /
-  EmbeddingBagCollection in the model) with torchrec's `RowWiseAdagrad` or Adam. Both are
+- Optimizers: dense parameters with AdamW (fused on CUDA); the embedding tables (every torchrec
+  EmbeddingCollection / EmbeddingBagCollection in the model) with row-wise Adagrad on row-sparse
+  gradients (`train/table_optim.py`: only the rows a batch touched are updated) or Adam. Both are
   `KeyedOptimizerWrapper`s in one torchrec `CombinedOptimizer`, so the optimizer state is keyed by
   parameter name (what DCP and torchrec's sharded optimizers use), and stepped after backward (not
   fused into backward), so the NaN/Inf guard and gradient clipping see the gradients before any
@@ -93,20 +94,24 @@ def split_params(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, n
 
 def build_optimizer(model: nn.Module, cfg: RunConfig):
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from train.table_optim import RowSparseAdagrad, use_row_sparse_gradients
 
     o = cfg.optim
     dense, sparse = split_params(model)
     opts = []
     dense_opt = None
     if dense:
+        # one fused kernel for all parameters on CUDA (torch's foreach path takes several passes)
+        fused = all(p.is_cuda and p.is_floating_point() for p in dense.values()) or None
         dense_opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
-            ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay))
+            ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=fused))
         opts.append(("dense", dense_opt))
     if sparse:
         s = o.sparse
-        if s.name == "rowwise_adagrad":
-            factory = lambda ps: RowWiseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
+        if s.name == "rowwise_adagrad":  # row-sparse table gradients: only touched rows are updated
+            use_row_sparse_gradients([m for _, m in embedding_modules(model)])
+            factory = lambda ps: RowSparseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         else:
             factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         opts.append(("sparse", KeyedOptimizerWrapper(sparse, factory)))
@@ -425,7 +430,9 @@ class Trainer:
                                                         error_if_nonfinite=False, foreach=None))
         sparse = [p.grad for p in self.sparse_params if p.grad is not None]
         if sparse:
-            norms.append(torch.nn.utils.get_total_norm(sparse))
+            from train.table_optim import sparse_grad_values
+
+            norms.append(torch.nn.utils.get_total_norm(sparse_grad_values(sparse)))
         return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
     def _achieved_flops(self, batch: JaggedBatch, events: int, seconds: float) -> tuple[float, float | None]:

@@ -13,7 +13,7 @@ from torch import nn
 from kernels import RelativeBias, jagged_attention
 from model.config import ModelConfig
 from model.embeddings import History
-from model.layers import MLP, Norm, linear_flops
+from model.layers import MLP, Norm, linear_flops, split_projection
 from model.padded import PaddedLayout, padded_attention, sdpa_attention
 
 
@@ -38,8 +38,8 @@ class SelfAttention(nn.Module):
         self.time_weight = nn.Parameter(torch.zeros(b.num_time_buckets, h)) if b.time else None
 
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = self.qkv(x).view(-1, 3, self.heads, self.head_dim)
-        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        q, k, v = split_projection(self.qkv, x, 3)
+        return tuple(t.reshape(-1, self.heads, self.head_dim) for t in (q, k, v))
 
     def forward(self, x: torch.Tensor, hist: History, layout: PaddedLayout | None = None) -> torch.Tensor:
         """``x [ΣL, d]`` (jagged) or ``[B * Lmax, d]`` (padded, with ``layout``) -> same shape."""
@@ -101,14 +101,14 @@ class TargetCrossAttention(nn.Module):
     def forward(self, tokens: torch.Tensor, hist: History) -> torch.Tensor:
         b, n, d = tokens.shape
         q = self.q(self.norm_q(tokens)).reshape(b * n, self.heads, self.head_dim)
-        kv = self.kv(self.norm_kv(hist.tokens)).view(-1, 2, self.heads, self.head_dim)
+        k, v = (t.reshape(-1, self.heads, self.head_dim) for t in split_projection(self.kv, self.norm_kv(hist.tokens), 2))
         q_offsets = torch.arange(b + 1, device=tokens.device, dtype=hist.offsets.dtype) * n
         kw = dict(activation=self.activation, causal=False)
         if self.padded:
-            y = padded_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, pos_weight=self.pos_weight, **kw)
+            y = padded_attention(q, k, v, q_offsets, hist.offsets, pos_weight=self.pos_weight, **kw)
         else:
             bias = RelativeBias(pos_weight=self.pos_weight) if self.pos_weight is not None else None
-            y = jagged_attention(q, kv[:, 0], kv[:, 1], q_offsets, hist.offsets, bias=bias, max_q_len=n,
+            y = jagged_attention(q, k, v, q_offsets, hist.offsets, bias=bias, max_q_len=n,
                                  max_kv_len=hist.max_length, precision=self.attention_precision, **kw)
         tokens = tokens + self.drop(self.out(y.reshape(b, n, d)))
         return tokens + self.drop(self.mlp(self.norm_mlp(tokens)))

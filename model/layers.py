@@ -11,6 +11,24 @@ def linear_flops(layer: nn.Linear, tokens: int) -> int:
     return 2 * tokens * layer.in_features * layer.out_features
 
 
+def split_projection(layer: nn.Module, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+    """``layer(x)`` cut into ``parts`` equal column blocks, each a contiguous tensor.
+
+    A plain ``nn.Linear`` runs as one GEMM per block on row blocks of its weight: slices of one wide
+    output (``qkv[:, 0]``) are strided, and the attention kernels need contiguous q, k, v, which costs
+    a strided copy per slice forward and another backward. The input is cast to the autocast dtype
+    once, not once per GEMM. Other layers (an FP8 linear) run whole and are sliced.
+    """
+    if type(layer) is not nn.Linear:
+        return tuple(layer(x).chunk(parts, dim=-1))
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        x = x.to(torch.get_autocast_dtype(dev))
+    ws = layer.weight.chunk(parts, dim=0)
+    bs = layer.bias.chunk(parts) if layer.bias is not None else (None,) * parts
+    return tuple(nn.functional.linear(x, w, b) for w, b in zip(ws, bs))
+
+
 class Norm(nn.LayerNorm):
     precision_kind = "norm"
 

@@ -26,7 +26,7 @@ def test_train_step_tiny(tmp_path, capsys):
     out = tmp_path / "rows.json"
     rc = mod.main(["--tiny", "--steps", "1", "--warmup", "1", "--batch-size", "4", "--threads", "0",
                    "--rows", "32", "--variants", "jagged-full,padded-full,jagged-full-tokens", "--local", "jagged-full",
-                   "--memory-curve", "--curve-lengths", "8,16", "--json", str(out)])
+                   "--memory-curve", "--curve-lengths", "8,16", "--json", str(out), "--profile", "1"])
     assert rc == 0
     data = json.loads(out.read_text())
     rows = {r["variant"]: r for r in data["variants"]}
@@ -53,6 +53,7 @@ def test_train_step_tiny(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| jagged-full |" in text and "jagged / padded examples/s (full)" in text
     assert "### local MFU per block: jagged-full" in text and "## memory vs speed" in text
+    assert "# profile: " in text and "# host wait" in text  # --profile ran one step of jagged-full
     assert "longest trainable history" not in text  # no allocator peak on CPU: no search
 
 

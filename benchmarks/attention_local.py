@@ -36,8 +36,9 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
     """Issue 5: block-local (S=64) and window (W=256) vs full causal and flex, B*L constant.
 
     "block S=64" is the one-pass block kernel (``kernels.attention_block_op``: one offsets tensor for
-    both sides); "generic block" is the same call through the generic jagged kernels (a copy of the
-    offsets as ``kv_offsets`` routes it there). GB/s: q, k, v read once and o written once
+    both sides); "generic block" / "generic window" are the same calls through the generic jagged kernels
+    (a copy of the offsets as ``kv_offsets`` routes them there); "window W=256" runs the window kernels
+    (``kernels.attention_window_op``). GB/s: q, k, v read once and o written once
     (4·ΣL·H·D·2 bytes) over the block forward's time. ``calls`` > 1 times that many back-to-back calls
     per measurement (every column), so host work per call hides behind the GPU's as in training.
     """
@@ -45,10 +46,10 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
     flex, create_block_mask = _flex()
     rows = [f"### Block-local / window, B*L={tokens}, H={H}, D={D}, bf16, causal, fwd+bwd ms, {calls} call(s) "
             "per timing", "",
-            "| L | B | block S=64 | generic block | flex block | window W=256 | flex window | full causal (ours) | "
-            "block vs flex | block vs generic | window vs flex | full / block | block fwd ms | flex block fwd ms | "
-            "block fwd GB/s | of copy ceiling |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| L | B | block S=64 | generic block | flex block | window W=256 | generic window | flex window | "
+            "full causal (ours) | block vs flex | block vs generic | window vs flex | window vs generic | full / block | "
+            "block fwd ms | flex block fwd ms | window fwd ms | flex window fwd ms | block fwd GB/s | of copy ceiling |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -61,7 +62,8 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
         doc = torch.arange(tokens, device="cuda") // L
         res = {}
         for key, kw, kv_offs in (("block", dict(block_size=64), offs), ("generic", dict(block_size=64), other),
-                                 ("window", dict(window=256), offs), ("full", {}, offs)):
+                                 ("window", dict(window=256), offs), ("gwindow", dict(window=256), other),
+                                 ("full", {}, offs)):
             res[key] = _time_pair(
                 lambda kw=kw, offs=offs, kv=kv_offs, L=L: jagged_attention(q, k, v, offs, kv, causal=True,
                                                                            max_kv_len=L, **kw),
@@ -72,10 +74,11 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
             fx[key] = _time_pair(lambda bm=bm: flex(qf, kf, vf, block_mask=bm), dof, [qf, kf, vf], calls)
         gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
         rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
-                    f"{res['window'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
+                    f"{res['window'][1]:.3f} | {res['gwindow'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
                     f"{fx['block'][1] / res['block'][1]:.2f}x | {res['generic'][1] / res['block'][1]:.2f}x | "
-                    f"{fx['window'][1] / res['window'][1]:.2f}x | {res['full'][1] / res['block'][1]:.1f}x | "
-                    f"{res['block'][0]:.3f} | {fx['block'][0]:.3f} | {gbs:.0f} | {gbs / COPY_CEILING_GBS:.0%} |")
+                    f"{fx['window'][1] / res['window'][1]:.2f}x | {res['gwindow'][1] / res['window'][1]:.2f}x | "
+                    f"{res['full'][1] / res['block'][1]:.1f}x | {res['block'][0]:.3f} | {fx['block'][0]:.3f} | "
+                    f"{res['window'][0]:.3f} | {fx['window'][0]:.3f} | {gbs:.0f} | {gbs / COPY_CEILING_GBS:.0%} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -191,14 +194,134 @@ def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
     return rows
 
 
+def _window_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
+                impl: str, kw: dict) -> tuple[list[torch.Tensor], bool]:
+    """Output and gradients of one self-attention call in ``dt``; whether it ran the window op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import kernels.attention_window_op  # noqa: F401  (its FLOP formulas must exist before the counter starts)
+
+    leaves = [t.to(dt).detach().requires_grad_() for t in qkvdo[:3]]
+    tdt = torch.float64 if dt == torch.float64 else torch.float32
+    w = [t.to(tdt).detach().requires_grad_() for t in tables] if tables is not None else []
+    bias = RelativeBias(w[0], w[1], ts, ts) if w else None
+    with FlopCounterMode(display=False) as fc:
+        out = jagged_attention(*leaves, offs, offs, bias=bias, impl=impl, **kw)
+        out.backward(qkvdo[3].to(dt))
+    took = any("window_attn_fwd" in str(op) for op in fc.get_flop_counts().get("Global", {}))
+    return [out] + [t.grad for t in leaves] + [t.grad for t in w], took
+
+
+def windowcheck() -> list[str]:
+    """The window kernels against float64 on the GPU (self-attention: one offsets tensor), bf16 or fp16
+    (fp32 keeps the generic kernels), with the accuracy rule of ``check``; also checks that the calls took
+    the window ops."""
+    rows = ["| W | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
+            "worst grad err (ours / ref-lowp) | window op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    bf, fp = torch.bfloat16, torch.float16
+    cases = [(256, 128, "softmax", True, False, False, bf), (256, 128, "softmax", True, True, True, bf),
+             (100, 64, "softmax", False, True, False, bf), (256, 128, "silu", True, True, False, bf),
+             (48, 128, "gelu", False, False, True, fp), (5, 128, "softmax", True, True, False, fp)]
+    lens = torch.tensor([0, 1, 63, 64, 65, 300, 129, 1000, 17, 257, 700])
+    offs = offsets_of(lens)
+    T, H = int(lens.sum()), 4
+    g = torch.Generator(device="cuda").manual_seed(3)
+    all_ok = True
+    for W, D, act, causal, has_bias, targets, dtype in cases:
+        q, k, v, do = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.float64) for _ in range(4))
+        pos = torch.randn(NUM_POS, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+        tim = torch.randn(NUM_TIME, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
+        ts = torch.randint(0, 10**5, (T,), device="cuda", generator=g).sort().values
+        nt = torch.tensor([0, 0, 3, 5, 2, 16, 0, 7, 1, 4, 0], device="cuda") if targets else None
+        tables = (pos, tim) if has_bias else None
+        kw = dict(activation=act, causal=causal, window=W, num_targets=nt)
+        ref, _ = _window_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw)
+        lowp, _ = _window_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw)
+        try:
+            ours, took = _window_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
+        except Exception as e:  # report the case and go on with the others
+            all_ok = False
+            rows.append(f"| {W} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
+                        f"failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
+            print(rows[-1], flush=True)
+            continue
+        torch.cuda.synchronize()
+        floor = {torch.float16: 1e-3, torch.bfloat16: 5e-3}[dtype]
+        errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
+        ok = took and all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
+        all_ok &= ok
+        worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
+        rows.append(f"| {W} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
+                    f"{errs[0][0]:.1e} / {errs[0][1]:.1e} | {worst[0]:.1e} / {worst[1]:.1e} | {took} | "
+                    f"{'yes' if ok else 'NO'} |")
+        print(rows[-1], flush=True)
+    rows.append(f"\nWINDOW ALL OK: {all_ok}")
+    return rows
+
+
+def windowsweep(L: int = 4096, W: int = 256) -> list[str]:
+    """Tiles, warps and pipeline stages of the window kernels (forward, dq, dk/dv), each timed alone (causal
+    softmax, no bias); useful TFLOP/s count visible pairs (``kernels.attention_flops``)."""
+    from kernels import attention_window_op as wop
+    from kernels.attention_flops import visible_pairs
+
+    H, D, tokens = 8, 128, 1 << 17
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
+    fwd_flops = 4 * visible_pairs(offs, offs, causal=True, window=W) * H * D
+    scale = 1 / math.sqrt(D)
+    rows = [f"### Window kernels alone, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax", "",
+            "| pass | tile | warps | stages | one loop | ms | useful TFLOP/s |", "|---|---|---|---|---|---|---|"]
+    saved = (wop.TILE, dict(wop.CONFIG))
+    combos = [(64, 4, 2, False), (64, 4, 3, False), (64, 8, 2, False), (64, 8, 3, False), (64, 8, 2, True),
+              (128, 8, 2, False)]
+    try:
+        for tile, warps, stages, one in combos:
+            wop.TILE = tile
+            work = wop.window_work(offs, tokens, tile)
+            args = (offs, None, None, None, None, None, "softmax", True, scale, W, 0, work)
+            wop.CONFIG.update(fwd=(warps, stages, one), dq=(warps, stages, one), dkdv=(warps, stages, one))
+            try:
+                out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
+                fwd = cuda_time(lambda a=args: torch.ops.gemtrain.window_attn_fwd(q, k, v, *a), reps=20)
+                bwd = cuda_time(lambda a=args, o=out, m=lse: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, o, m, *a),
+                                reps=20)
+            except Exception as e:  # a configuration that does not compile or fit
+                rows.append(f"| fwd+bwd | {tile} | {warps} | {stages} | {one} | failed: {type(e).__name__} "
+                            f"{str(e)[:60]} | |")
+                print(rows[-1], flush=True)
+                continue
+            for name, ms, flops in (("fwd", fwd, fwd_flops), ("bwd", bwd, 2.5 * fwd_flops),
+                                    ("fwd+bwd", fwd + bwd, 3.5 * fwd_flops)):
+                rows.append(f"| {name} | {tile} | {warps} | {stages} | {one} | {ms:.3f} | "
+                            f"{flops / (ms * 1e-3) / 1e12:.0f} |")
+                print(rows[-1], flush=True)
+    finally:
+        wop.TILE = saved[0]
+        wop.CONFIG.update(saved[1])
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------- fp8
 
 
 def main(what: str, args: list[str]) -> list[str]:
-    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``."""
+    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowsweep [L] [W]``."""
     if what == "local":
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
         return local([int(a) for a in args if not a.startswith("calls=")] or None, calls)
     if what == "blockcheck":
         return blockcheck()
+    if what == "windowcheck":
+        return windowcheck()
+    if what == "windowsweep":
+        return windowsweep(*(int(a) for a in args[:2]))
     return blocksweep(*(int(a) for a in args[:1]))
+
+
+if __name__ == "__main__":  # python benchmarks/attention_local.py windowcheck | windowsweep [L] [W] (repo root on the path)
+    import sys
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("\n".join(main(sys.argv[1], sys.argv[2:])), flush=True)

@@ -5,7 +5,8 @@ One program per (work item, head); a work item is one tile of a row (``attention
 query tile ``[m0, m0 + BLOCK_M)`` sees keys in ``[m0 - W, m0 + BLOCK_M)`` only, so every loop is at most
 ``(BLOCK_M + W) / BLOCK_N + 1`` tiles long, in three parts: the masked tiles at the window's far edge, the
 whole tiles every query of the tile sees (no visibility mask, no bounds: ``MASKED=False``), and the masked
-tiles at the causal diagonal (or the near edge). The tile steps are those of the generic kernels
+tiles at the causal diagonal (or the near edge); ``ONE_LOOP`` runs every tile masked in one pipelined loop
+instead (a configuration choice, measured). The tile steps are those of the generic kernels
 (``_fwd_tile``, ``_dq_tile``, ``_dkdv_tile``); only the loop bounds are the window's.
 
 Backward: ``window_attn_bwd_dq_kernel`` first (per query tile: ``delta = rowsum(dO . o)`` computed and
@@ -92,7 +93,7 @@ def window_attn_fwd_kernel(
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
-    TIME_PAD: tl.constexpr,
+    TIME_PAD: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     row, h, start, L, hist_end, m0 = _item(WORK, OFF, NT, BLOCK_M, H, HAS_NT)
     if row < 0:
@@ -115,6 +116,15 @@ def window_attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if ONE_LOOP:  # every tile masked, one pipelined loop
+        a = hi
+        b = hi
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+            acc, m_i, l_i = _fwd_tile(
+                acc, m_i, l_i, q, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, K, V, KD,
+                VD, KTS, POSW, TIMEW, start, h, offs_d, d_ok, qk_scale, bias_scale, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0,
+                True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
+        lo = hi
     for start_n in range(lo, a, BLOCK_N):  # the window's far edge
         acc, m_i, l_i = _fwd_tile(
             acc, m_i, l_i, q, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, K, V, KD, VD,
@@ -152,7 +162,7 @@ def window_attn_bwd_dq_kernel(
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
-    TIME_PAD: tl.constexpr,
+    TIME_PAD: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     """dq of one query tile; softmax also stores ``delta = rowsum(dO . o)`` for the dk/dv kernel."""
     row, h, start, L, hist_end, m0 = _item(WORK, OFF, NT, BLOCK_M, H, HAS_NT)
@@ -186,6 +196,16 @@ def window_attn_bwd_dq_kernel(
     last = tl.minimum(m0 + BLOCK_M, L) - 1
     lo, a, b, hi = _key_parts(m0, last, L, hist_end, window, CAUSAL, HAS_NT, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if ONE_LOOP:  # every tile masked, one pipelined loop
+        a = hi
+        b = hi
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+            dq = _dq_tile(
+                dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window,
+                start, h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT,
+                CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True,
+                EVEN_D, USE_TMA)
+        lo = hi
     for start_n in range(lo, a, BLOCK_N):
         dq = _dq_tile(
             dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, start,
@@ -215,7 +235,7 @@ def window_attn_bwd_dkdv_kernel(
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
-    TIME_PAD: tl.constexpr,
+    TIME_PAD: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     """dk, dv of one key tile over the query tiles that see it; bias-table gradients summed per program
     (``table_grad_span`` in its near-diagonal form: every tile of a window is near) and added once."""
@@ -246,6 +266,16 @@ def window_attn_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dpos = tl.zeros([POS_PAD], dtype=tl.float32)
     dtime = tl.zeros([TIME_PAD], dtype=tl.float32)
+    if ONE_LOOP:  # every tile masked, one pipelined loop
+        a = hi
+        b = hi
+        for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
+            dk, dv, dpos, dtime = _dkdv_tile(
+                dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end,
+                window, start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
+                bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME,
+                POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+        lo = hi
     for start_m in range(lo, a, BLOCK_M):  # the diagonal (or the near edge)
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end, window,

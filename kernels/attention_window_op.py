@@ -33,12 +33,12 @@ from kernels.attention_triton_window import (
 Tensor = torch.Tensor
 
 MAX_HEAD_DIM = 128
-# Tile (queries and keys alike), and (warps, stages) of each kernel, by config class ("small": 2-byte
-# elements; "large": fp32, whose pipelined tiles need more shared memory).
-TILE: dict[str, int] = {"small": 64, "large": 64}
-FWD_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 3), "large": (4, 1)}
-DQ_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
-DKDV_CONFIG: dict[str, tuple[int, int]] = {"small": (4, 2), "large": (4, 1)}
+# Tile (queries and keys alike) and (warps, stages, one loop) of each kernel, for 2-byte inputs at D <= 128.
+# One loop: every key (query) tile masked in one pipelined loop, instead of three loops with the whole tiles
+# unmasked. fp32 inputs on the GPU keep the generic kernels: at these tiles the window kernels spill heavily
+# and take minutes to compile (ptxas, sm_90).
+TILE = 64
+CONFIG: dict[str, tuple[int, int, bool]] = {"fwd": (8, 3, False), "dq": (8, 2, False), "dkdv": (8, 2, False)}
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
 WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
 
@@ -50,18 +50,16 @@ def _pow2(n: int) -> int:
 def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_size: int | None,
              window: int | None) -> bool:
     """Whether the window kernels serve this call: a window without blocks, self-attention (one offsets
-    tensor for both sides), head dim <= MAX_HEAD_DIM."""
+    tensor for both sides), head dim <= MAX_HEAD_DIM, 2-byte inputs on the GPU (any float dtype under the
+    interpreter, which runs on CPU tensors)."""
     return (window is not None and block_size is None and window >= 0 and q.shape[-1] <= MAX_HEAD_DIM
+            and (q.element_size() <= 2 or not q.is_cuda)
             and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
             and q_offsets.numel() == kv_offsets.numel())
 
 
-def config_key(q: Tensor) -> str:
-    return "small" if q.element_size() <= 2 else "large"
-
-
 def tile_of(q: Tensor) -> int:
-    return INTERPRET_TILE if INTERPRET or not q.is_cuda else TILE[config_key(q)]
+    return INTERPRET_TILE if INTERPRET or not q.is_cuda else TILE
 
 
 def window_work(offsets: Tensor, total: int, tile: int) -> Tensor:
@@ -77,7 +75,7 @@ def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
 
 def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tensor | None,
           pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, tile: int,
-          config: tuple[int, int]) -> dict:
+          config: tuple[int, int, bool]) -> dict:
     num_pos = 1 if pos_weight is None else pos_weight.shape[0]
     num_time = 1 if time_weight is None else time_weight.shape[0]
     return dict(
@@ -86,7 +84,7 @@ def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tens
         HAS_TIME=time_weight is not None, NUM_TIME=num_time, NORM_ROW=norm == 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, BLOCK_M=tile, BLOCK_N=tile,
         STAGES=1 if INTERPRET else config[1], POS_PAD=_pow2(num_pos), TIME_PAD=_pow2(num_time),
-        num_warps=config[0],
+        ONE_LOOP=config[2], num_warps=config[0],
     )
 
 
@@ -99,9 +97,9 @@ def window_attn_fwd(
     if q.shape[0] == 0 or offsets.numel() <= 1:
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
-    tile, key = tile_of(q), config_key(q)
+    tile = tile_of(q)
     tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, FWD_CONFIG[key])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["fwd"])
     window_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
         q, k, v, _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets),
@@ -132,17 +130,17 @@ def window_attn_bwd(
     do = do.contiguous()
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
     delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
-    tile, key = tile_of(q), config_key(q)
+    tile = tile_of(q)
     tma = common.use_tma([q, k, v, out, do], q.shape[2], _pow2(q.shape[2]))
     common_args = (_ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse))
     scalars = (scale, float(max(norm, 1)), min(window, WINDOW_CAP))
     grid = (work.shape[0] * q.shape[1],)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, DQ_CONFIG[key])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["dq"])
     window_attn_bwd_dq_kernel[grid](
         q, k, v, out, do, _desc(k, tile, tma), _desc(v, tile, tma), lse, delta, dq, offsets, *common_args,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, DKDV_CONFIG[key])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["dkdv"])
     window_attn_bwd_dkdv_kernel[grid](
         q, k, v, do, _desc(q, tile, tma), _desc(do, tile, tma), lse, delta, dk, dv, offsets, *common_args,
         dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,

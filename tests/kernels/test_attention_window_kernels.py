@@ -132,3 +132,13 @@ def test_raw_op_autograd_equals_the_autograd_node():
         grads.append([out.detach(), q.grad, k.grad, v.grad, pos.grad])
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_window_kernels_one_loop_configuration(monkeypatch):
+    # The configuration that runs every tile masked in one loop computes the same function.
+    from kernels import attention_window_op as wop
+
+    for name in ("fwd", "dq", "dkdv"):
+        monkeypatch.setitem(wop.CONFIG, name, (4, 1, True))
+    p = _self_problem(seed=17, heads=1, bias=True, targets=True)
+    assert_accurate(p, torch.float32, causal=True, window=36)

@@ -259,9 +259,11 @@ def windowcheck() -> list[str]:
     return rows
 
 
-def windowsweep(L: int = 4096, W: int = 256) -> list[str]:
-    """Tiles, warps and pipeline stages of the window kernels (forward, dq, dk/dv), each timed alone (causal
-    softmax, no bias); useful TFLOP/s count visible pairs (``kernels.attention_flops``)."""
+def windowtune(L: int = 4096, W: int = 256) -> list[str]:
+    """Each window kernel's configuration (inner tile, warps, stages, one loop) timed at L (causal softmax,
+    no bias): the forward op alone, then the backward op with the dq kernel's configuration varied, then
+    the dk/dv kernel's (the other at its best so far). Leaves ``attention_window_op.CONFIG`` at the fastest
+    of each (the run's ``local`` rows use them). Useful TFLOP/s count visible pairs."""
     from kernels import attention_window_op as wop
     from kernels.attention_flops import visible_pairs
 
@@ -270,35 +272,34 @@ def windowsweep(L: int = 4096, W: int = 256) -> list[str]:
     q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
     fwd_flops = 4 * visible_pairs(offs, offs, causal=True, window=W) * H * D
-    scale = 1 / math.sqrt(D)
-    rows = [f"### Window kernels alone, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax", "",
-            "| pass | tile | warps | stages | one loop | ms | useful TFLOP/s |", "|---|---|---|---|---|---|---|"]
-    saved = (wop.TILE, dict(wop.CONFIG))
-    combos = [(64, 4, 2, False), (64, 8, 2, False), (64, 8, 3, False), (64, 8, 2, True), (128, 8, 2, False)]
-    try:
-        for tile, warps, stages, one in combos:
-            wop.TILE = tile
-            work = wop.window_work(offs, tokens, tile)
-            args = (offs, None, None, None, None, None, "softmax", True, scale, W, 0, work)
-            wop.CONFIG.update(fwd=(warps, stages, one), dq=(warps, stages, one), dkdv=(warps, stages, one))
+    work = wop.window_work(offs, tokens, wop.TILE)
+    args = (offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(D), W, 0, work)
+    rows = [f"### Window kernels, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax, tile {wop.TILE}",
+            "", "| kernel varied | inner tile | warps | stages | one loop | op | op ms | useful TFLOP/s |",
+            "|---|---|---|---|---|---|---|---|"]
+    cands = {"fwd": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 3, False), (64, 4, 2, True)],
+             "dq": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, True)],
+             "dkdv": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, True)]}
+    out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
+    ops = {"fwd": lambda: torch.ops.gemtrain.window_attn_fwd(q, k, v, *args),
+           "bwd": lambda: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)}
+    for name, configs in cands.items():
+        op, flops = ("fwd", fwd_flops) if name == "fwd" else ("bwd", 2.5 * fwd_flops)
+        best = (float("inf"), wop.CONFIG[name])
+        for cfg in configs:
+            wop.CONFIG[name] = cfg
             try:
-                out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
-                fwd = cuda_time(lambda a=args: torch.ops.gemtrain.window_attn_fwd(q, k, v, *a), reps=20)
-                bwd = cuda_time(lambda a=args, o=out, m=lse: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, o, m, *a),
-                                reps=20)
+                ms = cuda_time(ops[op], reps=20)
             except Exception as e:  # a configuration that does not compile or fit
-                rows.append(f"| fwd+bwd | {tile} | {warps} | {stages} | {one} | failed: {type(e).__name__} "
-                            f"{str(e)[:60]} | |")
+                rows.append(f"| {name} | {' | '.join(map(str, cfg))} | {op} | failed: {type(e).__name__} | |")
                 print(rows[-1], flush=True)
                 continue
-            for name, ms, flops in (("fwd", fwd, fwd_flops), ("bwd", bwd, 2.5 * fwd_flops),
-                                    ("fwd+bwd", fwd + bwd, 3.5 * fwd_flops)):
-                rows.append(f"| {name} | {tile} | {warps} | {stages} | {one} | {ms:.3f} | "
-                            f"{flops / (ms * 1e-3) / 1e12:.0f} |")
-                print(rows[-1], flush=True)
-    finally:
-        wop.TILE = saved[0]
-        wop.CONFIG.update(saved[1])
+            best = min(best, (ms, cfg))
+            rows.append(f"| {name} | {' | '.join(map(str, cfg))} | {op} | {ms:.3f} | "
+                        f"{flops / (ms * 1e-3) / 1e12:.0f} |")
+            print(rows[-1], flush=True)
+        wop.CONFIG[name] = best[1]
+    rows.append(f"\nchosen: {wop.CONFIG}")
     return rows
 
 
@@ -306,20 +307,21 @@ def windowsweep(L: int = 4096, W: int = 256) -> list[str]:
 
 
 def main(what: str, args: list[str]) -> list[str]:
-    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowsweep [L] [W]``."""
-    if what == "local":
+    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``."""
+    if what == "local":  # local [L ...] [calls=N] [tune]: "tune" runs windowtune first and keeps its choice
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
-        return local([int(a) for a in args if not a.startswith("calls=")] or None, calls)
+        tuned = windowtune() if "tune" in args else []
+        return tuned + local([int(a) for a in args if a.isdigit()] or None, calls)
     if what == "blockcheck":
         return blockcheck()
     if what == "windowcheck":
         return windowcheck()
-    if what == "windowsweep":
-        return windowsweep(*(int(a) for a in args[:2]))
+    if what == "windowtune":
+        return windowtune(*(int(a) for a in args[:2]))
     return blocksweep(*(int(a) for a in args[:1]))
 
 
-if __name__ == "__main__":  # python benchmarks/attention_local.py windowcheck | windowsweep [L] [W] (repo root on the path)
+if __name__ == "__main__":  # python benchmarks/attention_local.py windowcheck | windowtune [L] [W] | local ... tune (repo root on the path)
     import sys
 
     torch.backends.cuda.matmul.allow_tf32 = False

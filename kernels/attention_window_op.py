@@ -6,7 +6,8 @@ sides) with head dim <= 128; ``attention_op.jagged_attention_triton`` routes tho
 (``supports``) and keeps the generic kernels for everything else.
 
 Work list: one item per (row, tile of ``TILE`` tokens) (``attention_op.work_list``), shared by the
-forward, the dq kernel (query tiles) and the dk/dv kernel (key tiles of the same size).
+forward, the dq kernel (query tiles) and the dk/dv kernel (key tiles of the same size); each kernel loops
+over inner tiles of its own size (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ from kernels.attention_triton_window import (
 Tensor = torch.Tensor
 
 MAX_HEAD_DIM = 128
-# Tile (queries and keys alike) and (warps, stages, one loop) of each kernel, for 2-byte inputs at D <= 128.
-# One loop: every key (query) tile masked in one pipelined loop, instead of three loops with the whole tiles
-# unmasked. fp32 inputs on the GPU keep the generic kernels: at these tiles the window kernels spill heavily
-# and take minutes to compile (ptxas, sm_90).
+# Outer tile (the work item: queries of the forward and dq kernels, keys of the dk/dv kernel) and, per kernel,
+# (inner tile, warps, stages, one loop): the inner tile is the loop's (keys, or queries for dk/dv); one loop
+# runs every inner tile masked in one pipelined loop, instead of three loops with the whole tiles unmasked.
+# For 2-byte inputs at D <= 128, measured on an H200 (benchmarks/attention_local.py windowtune; RESULTS.md,
+# issue-5 part). fp32 inputs on the GPU keep the generic kernels: at these tiles the window kernels spill
+# heavily and take minutes to compile (ptxas, sm_90).
 TILE = 64
-CONFIG: dict[str, tuple[int, int, bool]] = {"fwd": (8, 3, False), "dq": (8, 2, False), "dkdv": (8, 2, False)}
+CONFIG: dict[str, tuple[int, int, int, bool]] = {
+    "fwd": (64, 4, 2, False), "dq": (64, 4, 2, False), "dkdv": (64, 4, 2, False)}
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
 WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
 
@@ -62,6 +66,11 @@ def tile_of(q: Tensor) -> int:
     return INTERPRET_TILE if INTERPRET or not q.is_cuda else TILE
 
 
+def inner_of(config: tuple[int, int, int, bool], tile: int) -> int:
+    """A kernel's inner tile: its configured one, at most the outer tile under the interpreter."""
+    return min(config[0], tile) if INTERPRET else config[0]
+
+
 def window_work(offsets: Tensor, total: int, tile: int) -> Tensor:
     return work_list(offsets, offsets, tile, total)[0]
 
@@ -74,17 +83,17 @@ def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
 
 
 def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tensor | None,
-          pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, tile: int,
-          config: tuple[int, int, bool]) -> dict:
+          pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, block_m: int, block_n: int,
+          config: tuple[int, int, int, bool]) -> dict:
     num_pos = 1 if pos_weight is None else pos_weight.shape[0]
     num_time = 1 if time_weight is None else time_weight.shape[0]
     return dict(
         H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]), ACT=ACT_CODES[activation], CAUSAL=causal,
         HAS_NT=num_targets is not None, HAS_POS=pos_weight is not None, NUM_POS=num_pos,
         HAS_TIME=time_weight is not None, NUM_TIME=num_time, NORM_ROW=norm == 0,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, BLOCK_M=tile, BLOCK_N=tile,
-        STAGES=1 if INTERPRET else config[1], POS_PAD=_pow2(num_pos), TIME_PAD=_pow2(num_time),
-        ONE_LOOP=config[2], num_warps=config[0],
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, BLOCK_M=block_m, BLOCK_N=block_n,
+        STAGES=1 if INTERPRET else config[2], POS_PAD=_pow2(num_pos), TIME_PAD=_pow2(num_time),
+        ONE_LOOP=config[3], num_warps=config[1],
     )
 
 
@@ -99,9 +108,10 @@ def window_attn_fwd(
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     tile = tile_of(q)
     tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["fwd"])
+    inner = inner_of(CONFIG["fwd"], tile)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["fwd"])
     window_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
-        q, k, v, _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
+        q, k, v, _desc(k, inner, tma), _desc(v, inner, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets),
         scale, float(max(norm, 1)), min(window, WINDOW_CAP), **meta,
     )
@@ -135,14 +145,16 @@ def window_attn_bwd(
     common_args = (_ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse))
     scalars = (scale, float(max(norm, 1)), min(window, WINDOW_CAP))
     grid = (work.shape[0] * q.shape[1],)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["dq"])
+    inner = inner_of(CONFIG["dq"], tile)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["dq"])
     window_attn_bwd_dq_kernel[grid](
-        q, k, v, out, do, _desc(k, tile, tma), _desc(v, tile, tma), lse, delta, dq, offsets, *common_args,
+        q, k, v, out, do, _desc(k, inner, tma), _desc(v, inner, tma), lse, delta, dq, offsets, *common_args,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, CONFIG["dkdv"])
+    inner = inner_of(CONFIG["dkdv"], tile)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, inner, tile, CONFIG["dkdv"])
     window_attn_bwd_dkdv_kernel[grid](
-        q, k, v, do, _desc(q, tile, tma), _desc(do, tile, tma), lse, delta, dk, dv, offsets, *common_args,
+        q, k, v, do, _desc(q, inner, tma), _desc(do, inner, tma), lse, delta, dk, dv, offsets, *common_args,
         dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )

@@ -134,11 +134,12 @@ def test_raw_op_autograd_equals_the_autograd_node():
         assert torch.equal(a, b)
 
 
-def test_window_kernels_one_loop_configuration(monkeypatch):
-    # The configuration that runs every tile masked in one loop computes the same function.
+@pytest.mark.parametrize("config", [(16, 4, 1, True), (8, 4, 1, False)])
+def test_window_kernels_other_configurations(monkeypatch, config):
+    # Every inner tile masked in one loop, and inner tiles half the outer one: the same function.
     from kernels import attention_window_op as wop
 
     for name in ("fwd", "dq", "dkdv"):
-        monkeypatch.setitem(wop.CONFIG, name, (4, 1, True))
+        monkeypatch.setitem(wop.CONFIG, name, config)
     p = _self_problem(seed=17, heads=1, bias=True, targets=True)
     assert_accurate(p, torch.float32, causal=True, window=36)

@@ -98,10 +98,10 @@ def test_block_local_self_attention_takes_the_block_kernels():
     assert ops.get("gemtrain.block_attn_fwd") == 4 * pairs * 2 * 16, ops
     assert ops.get("gemtrain.block_attn_bwd") == int(2.5 * 4 * pairs * 2 * 16), ops
     assert not any("jagged_attn" in name for name in ops), ops
-    # Two offsets tensors (the general case), a window, or blocks over 64 keep the generic kernels.
+    # Two offsets tensors (the general case), blocks with a window, or blocks over 64 keep the generic kernels.
     cross = _self_problem(seed=41, bias=False)
     cross.kv_offsets = cross.q_offsets.clone()
-    for prob, extra in ((cross, kw), (p, dict(causal=True, window=4)), (p, dict(causal=True, block_size=128))):
+    for prob, extra in ((cross, kw), (p, dict(causal=True, block_size=8, window=4)), (p, dict(causal=True, block_size=128))):
         ops = _ops(prob, **extra)
         assert "gemtrain.jagged_attn_fwd" in ops and not any("block_attn" in n for n in ops), (extra, ops)
 

@@ -21,9 +21,9 @@ from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
-    eager_autograd,
     work_list,
 )
+from kernels.attention_self_op import fake_backward, register_self_attention_autograd, table_grad
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
 from kernels.attention_triton_window import (
     window_attn_bwd_dkdv_kernel,
@@ -137,8 +137,8 @@ def window_attn_bwd(
     dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
                         device=q.device)
     if q.shape[0] == 0 or offsets.numel() <= 1:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), _cast(dpos, pos_weight), \
-            _cast(dtime, time_weight)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), table_grad(dpos, pos_weight), \
+            table_grad(dtime, time_weight)
     do = do.contiguous()
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
     delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
@@ -160,39 +160,13 @@ def window_attn_bwd(
         dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
-    return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
-
-
-def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
-    return grad if table is None else grad.to(table.dtype)
+    return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)
 
 
 @window_attn_bwd.register_fake
 def _(do, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
       activation, causal, scale, window, norm, work):
-    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
-    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
-             else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, rest[-1])
-    ctx.rest = rest[:-1]
-
-
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = ctx.saved_tensors
-    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.window_attn_bwd(
-        dout, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *ctx.rest, work,
-    )
-    return (dq, dk, dv, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None) + (None,) * 8
-
-
-window_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+    return fake_backward(q, k, v, pos_weight, time_weight)
 
 
 def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, window: int, tokens: int) -> int:
@@ -217,8 +191,7 @@ def _bwd_flops(*args, out_val=None, **kwargs) -> int:
 
 # Eager calls skip the custom-op autograd layer (as the block ops do); callers of the raw forward op get its
 # registered autograd, with the same gradients.
-_WindowAttention = eager_autograd("_WindowAttention", torch.ops.gemtrain.window_attn_fwd, _setup_context,
-                                  _backward)
+_WindowAttention = register_self_attention_autograd("_WindowAttention", window_attn_fwd, torch.ops.gemtrain.window_attn_bwd)
 
 
 def window_attention(

@@ -1,0 +1,52 @@
+"""Autograd shared by the one-offsets self-attention ops (block-local and window).
+
+Both take ``(q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, *options,
+work)`` forward and return ``(out, lse)``; their backward ops take ``(do, q, k, v, out, lse, <the same
+tensors>, *options, work)`` and return ``(dq, dk, dv, dpos, dtime)``, the table gradients empty where a
+table is absent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention_op import eager_autograd
+
+Tensor = torch.Tensor
+
+
+def table_grad(grad: Tensor, table: Tensor | None) -> Tensor:
+    """A table's gradient in the table's dtype (accumulated in float32)."""
+    return grad if table is None else grad.to(table.dtype)
+
+
+def fake_backward(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None, time_weight: Tensor | None):
+    """The backward op's outputs, shapes only (``register_fake``)."""
+    def table(t: Tensor | None) -> Tensor:
+        return t.new_empty(t.shape) if t is not None else q.new_empty((0,), dtype=torch.float32)
+
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table(pos_weight), table(time_weight)
+
+
+def register_self_attention_autograd(name: str, fwd_op, bwd_op) -> type[torch.autograd.Function]:
+    """Registers ``bwd_op`` as ``fwd_op``'s autograd and returns the eager ``autograd.Function`` (``name``)
+    that runs the same ``setup_context`` / ``backward`` without the custom-op autograd layer."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
+                              rest[-1])
+        ctx.rest = rest[:-1]
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = ctx.saved_tensors
+        dq, dk, dv, dpos, dtime = bwd_op(
+            dout, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *ctx.rest, work,
+        )
+        # no gradient for offsets, num_targets, the timestamps, the options and the work list
+        return (dq, dk, dv, None, None, dpos if pos_weight is not None else None,
+                dtime if time_weight is not None else None) + (None,) * (len(ctx.rest) + 3)
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return eager_autograd(name, fwd_op._opoverload, setup_context, backward)

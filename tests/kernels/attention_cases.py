@@ -52,6 +52,25 @@ def make_problem(seed: int, lq: list[int], lk: list[int], heads: int = 2, dim: i
     )
 
 
+def self_problem(seed: int, lengths: list[int], heads: int = 2, bias: bool = True, targets: bool = False) -> Problem:
+    """A problem whose rows attend to themselves through one offsets tensor (the block and window ops' case)."""
+    p = make_problem(seed=seed, lq=lengths, lk=lengths, heads=heads, bias=bias, targets=targets)
+    p.kv_offsets = p.q_offsets
+    p.kv_ts = p.q_ts
+    return p
+
+
+def op_flops(p: Problem, **kw) -> dict[str, int]:
+    """FLOPs by op name of one forward+backward through the Triton path (which ops ran)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    leaves = [t.detach().float().requires_grad_() for t in (p.q, p.k, p.v)]
+    with FlopCounterMode(display=False) as fc:
+        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, impl="triton", **kw)
+        out.backward(p.do.float())
+    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+
+
 def run(p: Problem, dtype: torch.dtype, impl: str, **kw) -> list[torch.Tensor]:
     """Output and gradients (q, k, v, tables) of one call, inputs cast to ``dtype``."""
     leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (p.q, p.k, p.v)]

@@ -5,33 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import kernels.attention_block_op  # noqa: F401  (registers the FLOP formulas before a counter starts)
 import kernels.attention_op  # noqa: F401
-from kernels import jagged_attention
 from kernels.attention_flops import visible_pairs
-from tests.kernels.attention_cases import assert_accurate, make_problem, run
+from tests.kernels.attention_cases import assert_accurate, op_flops, run, self_problem
 
 # Lengths: 0, 1, < S, exact multiples of S, and the maximum (S = 8 or 16).
 LENGTHS = [0, 1, 5, 16, 29, 32]
 
 
 def _self_problem(seed: int, heads: int = 2, bias: bool = True, targets: bool = False, lengths=LENGTHS):
-    """A problem whose rows attend to themselves through one offsets tensor (the block kernels' case)."""
-    p = make_problem(seed=seed, lq=lengths, lk=lengths, heads=heads, bias=bias, targets=targets)
-    p.kv_offsets = p.q_offsets
-    p.kv_ts = p.q_ts
-    return p
-
-
-def _ops(p, **kw) -> dict[str, int]:
-    """FLOPs by op name of one forward+backward through the Triton path."""
-    leaves = [t.detach().float().requires_grad_() for t in (p.q, p.k, p.v)]
-    with FlopCounterMode(display=False) as fc:
-        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, impl="triton", **kw)
-        out.backward(p.do.float())
-    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+    return self_problem(seed, lengths, heads=heads, bias=bias, targets=targets)
 
 
 @pytest.mark.parametrize("act", ["softmax", "silu", "gelu"])
@@ -93,7 +78,7 @@ def test_keys_outside_the_block_do_not_touch_the_query(act):
 def test_block_local_self_attention_takes_the_block_kernels():
     p = _self_problem(seed=41, bias=False)
     kw = dict(causal=True, block_size=8)
-    ops = _ops(p, **kw)
+    ops = op_flops(p, **kw)
     pairs = visible_pairs(p.q_offsets, p.q_offsets, causal=True, block_size=8)
     assert ops.get("gemtrain.block_attn_fwd") == 4 * pairs * 2 * 16, ops
     assert ops.get("gemtrain.block_attn_bwd") == int(2.5 * 4 * pairs * 2 * 16), ops
@@ -102,7 +87,7 @@ def test_block_local_self_attention_takes_the_block_kernels():
     cross = _self_problem(seed=41, bias=False)
     cross.kv_offsets = cross.q_offsets.clone()
     for prob, extra in ((cross, kw), (p, dict(causal=True, block_size=8, window=4)), (p, dict(causal=True, block_size=128))):
-        ops = _ops(prob, **extra)
+        ops = op_flops(prob, **extra)
         assert "gemtrain.jagged_attn_fwd" in ops and not any("block_attn" in n for n in ops), (extra, ops)
 
 

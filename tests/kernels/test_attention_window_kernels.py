@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import kernels.attention_op  # noqa: F401
 import kernels.attention_window_op  # noqa: F401  (registers the FLOP formulas before a counter starts)
-from kernels import jagged_attention
 from kernels.attention_flops import visible_pairs
-from tests.kernels.attention_cases import assert_accurate, make_problem, run
+from tests.kernels.attention_cases import assert_accurate, op_flops, run, self_problem
 
 # Lengths (tiles of 16 under the interpreter): 0, 1, shorter than the windows below, longer, and the maximum
 # (several whole tiles, so the kernels' unmasked middle tiles run).
@@ -19,20 +17,7 @@ LENGTHS = [0, 1, 5, 70, 17]
 
 
 def _self_problem(seed: int, heads: int = 2, bias: bool = True, targets: bool = False, lengths=LENGTHS):
-    """A problem whose rows attend to themselves through one offsets tensor (the window kernels' case)."""
-    p = make_problem(seed=seed, lq=lengths, lk=lengths, heads=heads, bias=bias, targets=targets)
-    p.kv_offsets = p.q_offsets
-    p.kv_ts = p.q_ts
-    return p
-
-
-def _ops(p, **kw) -> dict[str, int]:
-    """FLOPs by op name of one forward+backward through the Triton path."""
-    leaves = [t.detach().float().requires_grad_() for t in (p.q, p.k, p.v)]
-    with FlopCounterMode(display=False) as fc:
-        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, impl="triton", **kw)
-        out.backward(p.do.float())
-    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+    return self_problem(seed, lengths, heads=heads, bias=bias, targets=targets)
 
 
 @pytest.mark.parametrize("act,causal", [("softmax", True), ("softmax", False), ("silu", True), ("gelu", False)])
@@ -97,7 +82,7 @@ def test_keys_outside_the_window_do_not_touch_the_query(act):
 def test_window_self_attention_takes_the_window_kernels():
     p = _self_problem(seed=41, bias=False, lengths=[0, 5, 40])
     kw = dict(causal=True, window=20)
-    ops = _ops(p, **kw)
+    ops = op_flops(p, **kw)
     pairs = visible_pairs(p.q_offsets, p.q_offsets, causal=True, window=20)
     assert ops.get("gemtrain.window_attn_fwd") == 4 * pairs * 2 * 16, ops
     assert ops.get("gemtrain.window_attn_bwd") == int(2.5 * 4 * pairs * 2 * 16), ops
@@ -106,7 +91,7 @@ def test_window_self_attention_takes_the_window_kernels():
     cross = _self_problem(seed=41, bias=False, lengths=[0, 5, 40])
     cross.kv_offsets = cross.q_offsets.clone()
     for prob, extra in ((cross, kw), (p, dict(causal=True, window=20, block_size=128))):
-        ops = _ops(prob, **extra)
+        ops = op_flops(prob, **extra)
         assert "gemtrain.jagged_attn_fwd" in ops and not any("window_attn" in n for n in ops), (extra, ops)
 
 

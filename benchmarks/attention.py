@@ -9,6 +9,8 @@
     python benchmarks/attention.py local 4096 calls=5 # ... timing 5 back-to-back calls per measurement
     python benchmarks/attention.py blockcheck         # the one-pass block kernels vs float64 (issue 5)
     python benchmarks/attention.py blocksweep 4096    # their groups / warps / stages, timed alone
+    python benchmarks/attention.py windowcheck        # the window kernels vs float64 (issue 5)
+    python benchmarks/attention.py windowtune 4096 256  # each window kernel's configuration, timed alone
     python benchmarks/attention.py fp8 A              # FP8 forward vs our bf16 forward (issue 8; also --fp8)
 
 Baselines run in the same process: ``flex_attention`` (compiled) on the packed batch with a document
@@ -467,7 +469,7 @@ def main(argv: list[str]) -> None:
             out += bench(name, only) + [""]
     elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
         out = fp8(argv[2] if len(argv) > 2 else "A")
-    elif what in ("local", "blockcheck", "blocksweep"):  # block-local and window attention (issue 5)
+    elif what in ("local", "blockcheck", "blocksweep", "windowcheck", "windowtune"):  # block / window (issue 5)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
         from benchmarks import attention_local
 

@@ -24,6 +24,12 @@ that fills the device, and a step at that length (10% shorter after an out-of-me
     python benchmarks/train_step.py                      # on a GPU: gem_medium, bf16
     python benchmarks/train_step.py --tiny --steps 3     # on CPU: the demo schema, seconds
     python benchmarks/train_step.py --memory-curve --variants none
+    python benchmarks/train_step.py --padding-waste 0.6 --variants jagged-full,jagged-full-nobias,padded-full-nobias \
+        --local jagged-full --profile 3             # issue 9's targets on the standard 60%-padding lengths
+
+`--profile N` also runs N steps of the `--profile-variants` under torch.profiler and prints how busy the GPU
+was, where the host waited on it (CUDA's sync debug mode names each place), the costliest copies by shape
+and the kernel table.
 
 Two timed passes per variant: a throughput pass (no synchronisation inside the loop, so copies
 and compute overlap as in training; a CUDA event per step gives the step-time spread) and a breakdown

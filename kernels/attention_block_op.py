@@ -14,17 +14,21 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
-from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
+from kernels.attention_flops import visible_pairs
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
     work_list,
 )
-from kernels.attention_self_op import fake_backward, register_self_attention_autograd, table_grad
+from kernels.attention_self_op import (
+    fake_backward,
+    register_self_attention_autograd,
+    register_self_attention_flops,
+    table_grad,
+)
 from kernels.attention_triton_block import block_attn_bwd_kernel, block_attn_fwd_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
 
@@ -175,17 +179,7 @@ def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, block_size
         return tokens * (block_size + 1) // 2 if causal else tokens * block_size
 
 
-@register_flop_formula(torch.ops.gemtrain.block_attn_fwd, get_raw=True)
-def _fwd_flops(*args, out_val=None, **kwargs) -> int:
-    q = args[0]
-    return 4 * _pairs(args[3], args[4], args[10], args[12], q.shape[0]) * q.shape[1] * q.shape[2]
-
-
-@register_flop_formula(torch.ops.gemtrain.block_attn_bwd, get_raw=True)
-def _bwd_flops(*args, out_val=None, **kwargs) -> int:
-    q = args[1]
-    pairs = _pairs(args[6], args[7], args[13], args[15], q.shape[0])
-    return int(BACKWARD_FACTOR * 4 * pairs * q.shape[1] * q.shape[2])
+register_self_attention_flops(torch.ops.gemtrain.block_attn_fwd, torch.ops.gemtrain.block_attn_bwd, _pairs)
 
 
 # Eager calls skip the custom-op autograd layer (about 100 us of host time per forward and 100-160 us per

@@ -8,8 +8,12 @@ table is absent.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from kernels.attention_flops import BACKWARD_FACTOR
 from kernels.attention_op import eager_autograd
 
 Tensor = torch.Tensor
@@ -50,3 +54,22 @@ def register_self_attention_autograd(name: str, fwd_op, bwd_op) -> type[torch.au
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
     return eager_autograd(name, fwd_op._opoverload, setup_context, backward)
+
+
+def register_self_attention_flops(fwd_op, bwd_op, pairs: Callable[..., int]) -> None:
+    """FLOP formulas of both ops: 4 * visible pairs * H * D forward, ``BACKWARD_FACTOR`` times that backward.
+
+    ``pairs(offsets, num_targets, causal, size, tokens)`` counts the visible (query, key) pairs, ``size``
+    being the op's block size or window (its first option after ``scale``).
+    """
+
+    @register_flop_formula(fwd_op, get_raw=True)
+    def _fwd_flops(*args, out_val=None, **kwargs) -> int:
+        q = args[0]
+        return 4 * pairs(args[3], args[4], args[10], args[12], q.shape[0]) * q.shape[1] * q.shape[2]
+
+    @register_flop_formula(bwd_op, get_raw=True)
+    def _bwd_flops(*args, out_val=None, **kwargs) -> int:
+        q = args[1]
+        return int(BACKWARD_FACTOR * 4 * pairs(args[6], args[7], args[13], args[15], q.shape[0]) * q.shape[1]
+                   * q.shape[2])

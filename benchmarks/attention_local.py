@@ -83,12 +83,13 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
     return rows
 
 
-def _block_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
-               impl: str, kw: dict) -> tuple[list[torch.Tensor], bool]:
-    """Output and gradients of one self-attention call in ``dt``; whether it ran the block op."""
+def _self_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
+              impl: str, kw: dict, op: str) -> tuple[list[torch.Tensor], bool]:
+    """Output and gradients of one self-attention call in ``dt``; whether it ran ``gemtrain::{op}_attn_fwd``."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    import kernels.attention_block_op  # noqa: F401  (its FLOP formulas must exist before the counter starts)
+    import kernels.attention_block_op  # noqa: F401  (their FLOP formulas must exist before the counter starts)
+    import kernels.attention_window_op  # noqa: F401
 
     leaves = [t.to(dt).detach().requires_grad_() for t in qkvdo[:3]]
     tdt = torch.float64 if dt == torch.float64 else torch.float32
@@ -97,55 +98,68 @@ def _block_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch
     with FlopCounterMode(display=False) as fc:
         out = jagged_attention(*leaves, offs, offs, bias=bias, impl=impl, **kw)
         out.backward(qkvdo[3].to(dt))
-    took = any("block_attn_fwd" in str(op) for op in fc.get_flop_counts().get("Global", {}))
+    took = any(f"{op}_attn_fwd" in str(name) for name in fc.get_flop_counts().get("Global", {}))
     return [out] + [t.grad for t in leaves] + [t.grad for t in w], took
+
+
+FLOORS = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 5e-3}
+
+
+def check_self_attention(op: str, cases: list[tuple], lens: list[int], targets: list[int], seed: int,
+                         device: str = "cuda") -> list[str]:
+    """Our kernels against float64 for the ``op`` ("block" or "window") self-attention cases ``(size, D, act,
+    causal, bias, targets, dtypes)``, ``size`` being the block size or window, on rows of ``lens`` (H=4);
+    the accuracy rule of ``check``, and whether each call took the op. One markdown row per case and dtype."""
+    size_name, size_kw = {"block": ("S", "block_size"), "window": ("W", "window")}[op]
+    rows = [f"| {size_name} | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
+            f"worst grad err (ours / ref-lowp) | {op} op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lens_t = torch.tensor(lens)
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), lens_t.cumsum(0)]).to(device)
+    T, H = int(lens_t.sum()), 4
+    g = torch.Generator(device=device).manual_seed(seed)
+    all_ok = True
+    for size, D, act, causal, has_bias, has_targets, dtypes in cases:
+        q, k, v, do = (torch.randn(T, H, D, device=device, generator=g, dtype=torch.float64) for _ in range(4))
+        pos = torch.randn(NUM_POS, H, device=device, generator=g, dtype=torch.float64) * 0.5
+        tim = torch.randn(NUM_TIME, H, device=device, generator=g, dtype=torch.float64) * 0.5
+        ts = torch.randint(0, 10**5, (T,), device=device, generator=g).sort().values
+        nt = torch.tensor(targets, device=device) if has_targets else None
+        tables = (pos, tim) if has_bias else None
+        kw = {"activation": act, "causal": causal, size_kw: size, "num_targets": nt}
+        head = f"| {size} | {D} | {act} | {causal} | {has_bias} | {has_targets} |"
+        ref, _ = _self_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw, op)
+        for dtype in dtypes:
+            lowp, _ = _self_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw, op)
+            try:
+                ours, took = _self_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw, op)
+            except Exception as e:  # report the case and go on with the others
+                all_ok = False
+                rows.append(f"{head} {str(dtype)[6:]} | failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
+                print(rows[-1], flush=True)
+                continue
+            if device == "cuda":
+                torch.cuda.synchronize()
+            errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
+            ok = took and all(math.isfinite(e) and e <= 2 * e_lp + FLOORS[dtype] for e, e_lp in errs)
+            all_ok &= ok
+            worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
+            rows.append(f"{head} {str(dtype)[6:]} | {errs[0][0]:.1e} / {errs[0][1]:.1e} | "
+                        f"{worst[0]:.1e} / {worst[1]:.1e} | {took} | {'yes' if ok else 'NO'} |")
+            print(rows[-1], flush=True)
+    rows.append(f"\n{op.upper()} ALL OK: {all_ok}")
+    return rows
 
 
 def blockcheck() -> list[str]:
     """The one-pass block kernels against float64 on the GPU (self-attention: one offsets tensor), bf16
     and fp32, with the accuracy rule of ``check``; also checks that the calls took the block ops."""
-    rows = ["| S | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
-            "worst grad err (ours / ref-lowp) | block op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    cases = [(64, 128, "softmax", True, False, False), (64, 128, "softmax", True, True, True),
-             (32, 64, "softmax", False, True, False), (16, 32, "softmax", True, True, False),
-             (64, 128, "silu", True, True, False), (64, 64, "gelu", False, False, True),
-             (48, 128, "softmax", True, True, False)]
-    lens = torch.tensor([0, 1, 63, 64, 65, 300, 129, 1000, 17])
-    offs = offsets_of(lens)
-    T, H = int(lens.sum()), 4
-    g = torch.Generator(device="cuda").manual_seed(2)
-    all_ok = True
-    for S, D, act, causal, has_bias, targets in cases:
-        q, k, v, do = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.float64) for _ in range(4))
-        pos = torch.randn(NUM_POS, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
-        tim = torch.randn(NUM_TIME, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
-        ts = torch.randint(0, 10**5, (T,), device="cuda", generator=g).sort().values
-        nt = torch.tensor([0, 0, 3, 5, 2, 16, 0, 7, 1], device="cuda") if targets else None
-        tables = (pos, tim) if has_bias else None
-        kw = dict(activation=act, causal=causal, block_size=S, num_targets=nt)
-        for dtype in (torch.bfloat16, torch.float32):
-            ref, _ = _block_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw)
-            lowp, _ = _block_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw)
-            try:
-                ours, took = _block_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
-            except Exception as e:  # report the case and go on with the others
-                all_ok = False
-                rows.append(f"| {S} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
-                            f"failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
-                print(rows[-1], flush=True)
-                continue
-            torch.cuda.synchronize()
-            floor = {torch.float32: 1e-5, torch.bfloat16: 5e-3}[dtype]
-            errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
-            ok = took and all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
-            all_ok &= ok
-            worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
-            rows.append(f"| {S} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
-                        f"{errs[0][0]:.1e} / {errs[0][1]:.1e} | {worst[0]:.1e} / {worst[1]:.1e} | {took} | "
-                        f"{'yes' if ok else 'NO'} |")
-            print(rows[-1], flush=True)
-    rows.append(f"\nBLOCK ALL OK: {all_ok}")
-    return rows
+    both = (torch.bfloat16, torch.float32)
+    cases = [(64, 128, "softmax", True, False, False, both), (64, 128, "softmax", True, True, True, both),
+             (32, 64, "softmax", False, True, False, both), (16, 32, "softmax", True, True, False, both),
+             (64, 128, "silu", True, True, False, both), (64, 64, "gelu", False, False, True, both),
+             (48, 128, "softmax", True, True, False, both)]
+    return check_self_attention("block", cases, [0, 1, 63, 64, 65, 300, 129, 1000, 17],
+                                [0, 0, 3, 5, 2, 16, 0, 7, 1], seed=2)
 
 
 def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
@@ -194,69 +208,16 @@ def blocksweep(L: int = 4096, S: int = 64) -> list[str]:
     return rows
 
 
-def _window_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
-                impl: str, kw: dict) -> tuple[list[torch.Tensor], bool]:
-    """Output and gradients of one self-attention call in ``dt``; whether it ran the window op."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    import kernels.attention_window_op  # noqa: F401  (its FLOP formulas must exist before the counter starts)
-
-    leaves = [t.to(dt).detach().requires_grad_() for t in qkvdo[:3]]
-    tdt = torch.float64 if dt == torch.float64 else torch.float32
-    w = [t.to(tdt).detach().requires_grad_() for t in tables] if tables is not None else []
-    bias = RelativeBias(w[0], w[1], ts, ts) if w else None
-    with FlopCounterMode(display=False) as fc:
-        out = jagged_attention(*leaves, offs, offs, bias=bias, impl=impl, **kw)
-        out.backward(qkvdo[3].to(dt))
-    took = any("window_attn_fwd" in str(op) for op in fc.get_flop_counts().get("Global", {}))
-    return [out] + [t.grad for t in leaves] + [t.grad for t in w], took
-
-
 def windowcheck() -> list[str]:
     """The window kernels against float64 on the GPU (self-attention: one offsets tensor), bf16 or fp16
     (fp32 keeps the generic kernels), with the accuracy rule of ``check``; also checks that the calls took
     the window ops."""
-    rows = ["| W | D | act | causal | bias | targets | dtype | out err (ours / ref-lowp) | "
-            "worst grad err (ours / ref-lowp) | window op | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    bf, fp = torch.bfloat16, torch.float16
+    bf, fp = (torch.bfloat16,), (torch.float16,)
     cases = [(256, 128, "softmax", True, False, False, bf), (256, 128, "softmax", True, True, True, bf),
              (100, 64, "softmax", False, True, False, bf), (256, 128, "silu", True, True, False, bf),
              (48, 128, "gelu", False, False, True, fp), (5, 128, "softmax", True, True, False, fp)]
-    lens = torch.tensor([0, 1, 63, 64, 65, 300, 129, 1000, 17, 257, 700])
-    offs = offsets_of(lens)
-    T, H = int(lens.sum()), 4
-    g = torch.Generator(device="cuda").manual_seed(3)
-    all_ok = True
-    for W, D, act, causal, has_bias, targets, dtype in cases:
-        q, k, v, do = (torch.randn(T, H, D, device="cuda", generator=g, dtype=torch.float64) for _ in range(4))
-        pos = torch.randn(NUM_POS, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
-        tim = torch.randn(NUM_TIME, H, device="cuda", generator=g, dtype=torch.float64) * 0.5
-        ts = torch.randint(0, 10**5, (T,), device="cuda", generator=g).sort().values
-        nt = torch.tensor([0, 0, 3, 5, 2, 16, 0, 7, 1, 4, 0], device="cuda") if targets else None
-        tables = (pos, tim) if has_bias else None
-        kw = dict(activation=act, causal=causal, window=W, num_targets=nt)
-        ref, _ = _window_run((q, k, v, do), offs, tables, ts, torch.float64, "ref", kw)
-        lowp, _ = _window_run((q, k, v, do), offs, tables, ts, dtype, "ref", kw)
-        try:
-            ours, took = _window_run((q, k, v, do), offs, tables, ts, dtype, "triton", kw)
-        except Exception as e:  # report the case and go on with the others
-            all_ok = False
-            rows.append(f"| {W} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
-                        f"failed: {type(e).__name__}: {str(e)[:80]} | | | NO |")
-            print(rows[-1], flush=True)
-            continue
-        torch.cuda.synchronize()
-        floor = {torch.float16: 1e-3, torch.bfloat16: 5e-3}[dtype]
-        errs = [(rel_err(o, r), rel_err(lp, r)) for o, lp, r in zip(ours, lowp, ref)]
-        ok = took and all(math.isfinite(e) and e <= 2 * e_lp + floor for e, e_lp in errs)
-        all_ok &= ok
-        worst = max(errs[1:], key=lambda t: t[0] - 2 * t[1])
-        rows.append(f"| {W} | {D} | {act} | {causal} | {has_bias} | {targets} | {str(dtype)[6:]} | "
-                    f"{errs[0][0]:.1e} / {errs[0][1]:.1e} | {worst[0]:.1e} / {worst[1]:.1e} | {took} | "
-                    f"{'yes' if ok else 'NO'} |")
-        print(rows[-1], flush=True)
-    rows.append(f"\nWINDOW ALL OK: {all_ok}")
-    return rows
+    return check_self_attention("window", cases, [0, 1, 63, 64, 65, 300, 129, 1000, 17, 257, 700],
+                                [0, 0, 3, 5, 2, 16, 0, 7, 1, 4, 0], seed=3)
 
 
 def windowtune(L: int = 4096, W: int = 256) -> list[str]:

@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/fp8_quality.py [--steps 200] [--variants a,b] [--parallel 2] [--gpus 0,1]
                                                   [--gpu-after 1:/tmp/bench.done] [--deadline 250]
     PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
+    PYTHONPATH=. python benchmarks/fp8_quality.py --seeds 0,1,2 --variants tensorwise --parallel 6 --gpus 0,1
 
 Every variant is one `train.trainer.Trainer` run of the same config (``configs/gem_medium.yaml`` on the GPU),
 same seed, data and steps; only the run config's ``precision:`` section differs. The table holds the
@@ -16,6 +17,12 @@ ceil(parallel / number of GPUs) on one GPU; ``--gpu-after 1:FILE`` keeps GPU 1 f
 benchmark can use it first); the synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
 process with ``emulate: true`` (quantize -> dequantize reference of every recipe, FP8 attention's reference)
 on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
+
+``--seeds 0,1,2`` trains every variant once per seed (``train.seed``: model init and batch order; the data
+stays the same) and compares each run with the bf16 run of its own seed. Short runs are chaotic (any
+perturbation of the trajectory, FP8 rounding among them, moves held-out NE by about a percent), so the
+figure to read is the mean over seeds of the paired difference against its spread, printed below the
+per-run table.
 """
 
 from __future__ import annotations
@@ -73,7 +80,22 @@ def precision_overrides(policy: dict[str, object], emulate: bool) -> list[str]:
     return [f"--precision.{k}={v}" for k, v in pol.items()]
 
 
-def variant_overrides(name: str, steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> list[str]:
+SEED_SEP = " seed="
+
+
+def with_seed(name: str, seed: int | None) -> str:
+    """The run name of a variant trained with ``train.seed = seed`` (the plain name for None)."""
+    return name if seed is None else f"{name}{SEED_SEP}{seed}"
+
+
+def split_seed(run: str) -> tuple[str, int | None]:
+    """(variant, seed) of a run name made by :func:`with_seed`."""
+    name, sep, seed = run.rpartition(SEED_SEP)
+    return (name, int(seed)) if sep and seed.isdigit() else (run, None)
+
+
+def variant_overrides(run: str, steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> list[str]:
+    name, seed = split_seed(run)
     if name not in VARIANTS:
         raise QualityError(f"fp8_quality: unknown variant {name!r}; known: {list(VARIANTS)}")
     out = list(COMMON) + [f"--train.steps={steps}"]
@@ -83,7 +105,8 @@ def variant_overrides(name: str, steps: int, data_dir: Path | None, cpu: bool, e
         out += CPU_OVERRIDES
     else:
         out += ["--eval.max_batches=0"]  # every held-out row
-    return out + list(extra) + precision_overrides(VARIANTS[name], emulate=cpu)
+    out += list(extra) + precision_overrides(VARIANTS[name], emulate=cpu)
+    return out if seed is None else out + [f"--train.seed={seed}"]
 
 
 def config_path(cpu: bool) -> Path:
@@ -117,17 +140,23 @@ def ne_of(summary: dict | None, task: str) -> float:
     return float(ev.get(task, {}).get("ne", math.nan))
 
 
+def rel_diff(results: dict[str, dict | None], run: str, task: str, baseline: str = "bf16") -> float:
+    """(run / bf16 run of the same seed - 1) in %; NaN where either run has no NE."""
+    base = with_seed(baseline, split_seed(run)[1])
+    ne, b = ne_of(results.get(run), task), ne_of(results.get(base), task)
+    return (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
+
+
 def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
-    """Markdown rows: held-out NE per task and the relative difference (variant / baseline - 1) in %."""
-    base = results.get(baseline)
+    """Markdown rows: held-out NE per task and the relative difference (variant / baseline of the same seed
+    - 1) in %."""
     rows = ["| variant | click NE | rel. diff | conversion NE | rel. diff | steps | train s | last-window ex/s | status |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name, s in results.items():
         cells = [name]
         for t in TASKS:
-            ne, b = ne_of(s, t), ne_of(base, t)
-            diff = (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
-            cells += [f"{ne:.5f}", "" if name == baseline else f"{diff:+.3f}%"]
+            is_base = split_seed(name)[0] == baseline
+            cells += [f"{ne_of(s, t):.5f}", "" if is_base else f"{rel_diff(results, name, t, baseline):+.3f}%"]
         ok = s is not None and "error" not in s
         last = (s or {}).get("train_last") or {}
         cells += [str(s.get("steps", "")) if s else "", f"{s.get('train_seconds', math.nan):.1f}" if s else "",
@@ -137,11 +166,46 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
     return rows
 
 
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan)
+
+
+def seed_table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
+    """Per variant, over the seeds whose runs both finished: the mean paired relative NE difference, its
+    standard deviation across seeds and the standard error of the mean; for the baseline the spread of its
+    NE across seeds (max / min - 1), the scale of seed-to-seed noise."""
+    rows = ["| variant | seeds | click: mean rel. diff | sd | s.e. | conversion: mean rel. diff | sd | s.e. |",
+            "|---|---|---|---|---|---|---|---|"]
+    variants = list(dict.fromkeys(split_seed(r)[0] for r in results))
+    for v in variants:
+        runs = [r for r in results if split_seed(r)[0] == v]
+        if v == baseline:
+            cells = [f"{v} (spread across seeds)", str(len(runs))]
+            for t in TASKS:
+                nes = [ne_of(results[r], t) for r in runs if math.isfinite(ne_of(results[r], t))]
+                spread = (max(nes) / min(nes) - 1.0) * 100 if len(nes) > 1 else math.nan
+                cells += [f"{spread:.3f}%", "", ""]
+            rows.append("| " + " | ".join(cells) + " |")
+            continue
+        cells = [v, ""]
+        n_ok = 0
+        for t in TASKS:
+            d = [x for x in (rel_diff(results, r, t, baseline) for r in runs) if math.isfinite(x)]
+            n_ok = max(n_ok, len(d))
+            m, sd = _mean_std(d) if d else (math.nan, math.nan)
+            cells += [f"{m:+.3f}%", f"{sd:.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
+        cells[1] = str(n_ok)
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def max_rel_diff(results: dict[str, dict | None], baseline: str = "bf16") -> dict[str, float]:
     """Largest |relative NE difference| over the tasks, per variant (NaN where a run failed)."""
     out = {}
     for name, s in results.items():
-        diffs = [abs(ne_of(s, t) / ne_of(results.get(baseline), t) - 1.0) for t in TASKS]
+        base = results.get(with_seed(baseline, split_seed(name)[1]))
+        diffs = [abs(ne_of(s, t) / ne_of(base, t) - 1.0) for t in TASKS]
         out[name] = max(diffs) if all(math.isfinite(d) for d in diffs) else math.nan
     return out
 
@@ -296,6 +360,8 @@ def main(argv: list[str]) -> int:
                     help="GPU: start runs on GPU only once FILE exists (a benchmark uses it first); repeatable")
     ap.add_argument("--run-root", type=Path, default=None)
     ap.add_argument("--data-dir", type=Path, default=None, help="train/ and eval/ synthetic splits (written if absent)")
+    ap.add_argument("--seeds", default=None,
+                    help="comma-separated train.seed values: every variant once per seed (default: the config's)")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries here")
     ap.add_argument("--deadline", type=float, default=None,
                     help="GPU: seconds after which unfinished runs are stopped (the table shows them as failed)")
@@ -326,6 +392,9 @@ def main(argv: list[str]) -> int:
         raise QualityError(f"fp8_quality: unknown variants {unknown}; known: {list(VARIANTS)}")
     if "bf16" not in names:
         names.insert(0, "bf16")
+    if args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        names = [with_seed(n, sd) for sd in seeds for n in names]
     t0 = time.perf_counter()
     write_data(args.steps, args.data_dir, args.cpu, extra)
     if args.cpu and args.parallel <= 1:
@@ -346,6 +415,9 @@ def main(argv: list[str]) -> int:
     print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "
           f"wall {time.perf_counter() - t0:.0f} s")
     print("\n".join(table(results)))
+    if args.seeds:
+        print(f"\n## Paired over seeds {args.seeds} (each run against the bf16 run of its seed)")
+        print("\n".join(seed_table(results)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, allow_nan=True) + "\n")
     return 0

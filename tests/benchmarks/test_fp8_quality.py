@@ -63,3 +63,28 @@ def test_pick_gpu_keeps_one_run_per_gpu_and_waits_for_a_gpu_held_by_a_benchmark(
     assert mod.pick_gpu([None], [], 1, {}) is None  # no --gpus: the default device
     with pytest.raises(mod.QualityError, match="GPU:FILE"):
         mod._parse_after("1")
+
+
+def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
+    mod = _load()
+    run = mod.with_seed("blockwise wgrad=bf16", 2)
+    assert mod.split_seed(run) == ("blockwise wgrad=bf16", 2) and mod.split_seed("bf16") == ("bf16", None)
+    assert mod.variant_overrides(run, 5, None, cpu=True, extra=[])[-1] == "--train.seed=2"
+
+    def summary(click, conv):
+        return {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}, "steps": 5}
+
+    res = {"bf16 seed=0": summary(0.80, 1.00), "tensorwise seed=0": summary(0.808, 0.99),
+           "bf16 seed=1": summary(0.90, 1.00), "tensorwise seed=1": summary(0.891, 1.01),
+           "bf16 seed=2": summary(0.85, 1.00), "tensorwise seed=2": {"error": "stopped"}}
+    # Paired: seed 0 against 0.80, not against another seed's baseline.
+    assert math.isclose(mod.rel_diff(res, "tensorwise seed=0", "click"), 1.0)
+    assert math.isclose(mod.rel_diff(res, "tensorwise seed=1", "click"), -1.0)
+    assert math.isnan(mod.rel_diff(res, "tensorwise seed=2", "click"))
+    assert math.isclose(mod.max_rel_diff(res)["tensorwise seed=1"], 0.01)
+    rows = {r.split(" | ")[0].strip("| "): r for r in mod.seed_table(res)}
+    tw = rows["tensorwise"].split(" | ")
+    assert tw[1] == "2"  # the failed seed-2 run is left out
+    assert tw[2] == "+0.000%" and tw[3] == "1.414%"  # mean of +1% and -1%, sample sd
+    assert tw[5] == "+0.000%"  # conversion: -1% and +1%
+    assert rows["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"  # 0.90 / 0.80 - 1

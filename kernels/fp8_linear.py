@@ -33,6 +33,18 @@ GEMM runs as (1x128, 128x128) instead of the slower (1x128, 1x128). Measured on 
 (benchmarks/RESULTS.md, 2026-11-30): ``tensorwise`` (dY in e5m2) is the fastest recipe on the large MLP shapes
 (1.21x bf16 ``nn.Linear`` over both MLP layers), then ``blockwise`` with ``wgrad="bf16"`` (1.14x).
 
+``scaling`` (tensorwise only): ``"current"`` (default) derives each cast's scale from the tensor itself (an amax
+pass, then the cast pass); ``"delayed"`` casts x and dY with a scale from the max amax of the last
+``amax_history`` steps (:class:`kernels.mx.DelayedScale`): one pass over each, which also records its amax.
+Weights keep current scaling (small tensors). A step is what lies between two optimizer steps: every
+``torch.optim`` optimizer's ``step()`` ends the step (a global post-hook), and :func:`fp8_step` ends it by
+hand (a loop without a ``torch.optim`` optimizer). Within a step the scales stay fixed, so a recomputed
+forward (activation checkpointing) and every micro-batch of a gradient-accumulation step cast with the same
+scale; their amaxes are max-combined and enter the history when the step ends. The first step of a layer
+(no history yet) uses current scaling. Values beyond a delayed scale saturate to the format's max (not
+counted). The history is runtime state: not in the ``state_dict`` (a resumed run starts with one step of
+current scaling), per process (ranks do not share amaxes), only in training mode (eval uses current scaling).
+
 ``emulate=True`` runs every recipe as quantize -> dequantize -> fp32 matmul, on any device: the
 numerical reference of the native path (same quantized operands; only the accumulation order
 differs). Without it, FP8 recipes on a CPU tensor raise :class:`Fp8LinearError`.
@@ -53,6 +65,7 @@ RECIPES = ("mxfp8", "blockwise", "rowwise", "tensorwise", "bf16")
 GRAD_FORMATS = ("e5m2", "e4m3")
 WGRAD_PRECISIONS = ("recipe", "bf16", "fp32")
 MX_ON_HOPPER = ("emulate", "blockwise")
+SCALINGS = ("current", "delayed")
 # Recipes whose dY quantizer also returns dY's column sums (the bias gradient) from its read of dY, so the
 # backward needs no separate pass over dY for db (a benchmark may drop a recipe to time the separate sum).
 FUSED_BIAS_GRAD = {"mxfp8", "blockwise", "tensorwise"}
@@ -72,8 +85,18 @@ class Fp8Config:
     mx_on_hopper: str = "emulate"
     blockwise_wgrad: str = "1x128"  # blocks of the saved input in the blockwise weight gradient
     grad_format: str = "e5m2"  # tensorwise: element format of dY (one scale spans the whole tensor)
+    scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
+    amax_history: int = 16  # delayed scaling: the scale is the max amax of this many earlier steps
 
     def __post_init__(self) -> None:
+        if self.scaling not in SCALINGS:
+            raise Fp8LinearError(f"Fp8Config.scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        if not isinstance(self.amax_history, int) or isinstance(self.amax_history, bool) or self.amax_history < 1:
+            raise Fp8LinearError(f"Fp8Config.amax_history must be an int >= 1 (steps), got {self.amax_history!r}")
+        if self.scaling == "delayed" and self.recipe not in ("tensorwise", "bf16"):
+            raise Fp8LinearError(
+                f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
+                "recipe='tensorwise' or scaling='current'")
         if self.grad_format not in GRAD_FORMATS:
             raise Fp8LinearError(f"Fp8Config.grad_format must be one of {GRAD_FORMATS}, got {self.grad_format!r}")
         if self.blockwise_wgrad not in ("1x128", "128x128"):
@@ -103,10 +126,14 @@ class _Plan:
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
-        plan = _Plan._make(cfg, x, where)
-        tiles = plan.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
-        return _Plan(plan.recipe, plan.native, plan.mx_hopper, plan.backend, x_tiles=tiles,
-                     grad_format=cfg.grad_format)
+        key = (cfg, x.device)  # a plan depends on the config and the device only: made once, not per call
+        plan = _PLANS.get(key)
+        if plan is None:
+            p = _Plan._make(cfg, x, where)
+            tiles = p.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
+            plan = _PLANS[key] = _Plan(p.recipe, p.native, p.mx_hopper, p.backend, x_tiles=tiles,
+                                       grad_format=cfg.grad_format)
+        return plan
 
     @staticmethod
     def _make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
@@ -142,10 +169,12 @@ class _Plan:
         torch 2.11: M = 1000, 1004, 1008, 32 ran; 1001, 1002, 66001 were refused)."""
         return 4 if self.native and self.recipe == "blockwise" and not self.mx_hopper else 1
 
-    def act(self, x: torch.Tensor, axis: int, grad: bool = False, col_sums: bool = False) -> Any:
-        if col_sums:  # tensorwise only (FUSED_BIAS_GRAD): the amax pass also sums the columns
+    def act(self, x: torch.Tensor, axis: int, grad: bool = False, col_sums: bool = False,
+            delayed: mx.DelayedScale | None = None) -> Any:
+        """``delayed``: tensorwise delayed scaling of this operand (None: current scaling)."""
+        if col_sums:  # tensorwise only (FUSED_BIAS_GRAD): the pass that reads x first also sums the columns
             return mx.quantize_tensorwise(x, axis, self.grad_format if grad else "e4m3", backend=self.backend,
-                                          col_sums=True)
+                                          col_sums=True, delayed=delayed)
         if self.recipe == "bf16":
             return (x if axis == 1 else x.t()).to(torch.bfloat16)
         if self.recipe == "mxfp8":
@@ -153,11 +182,12 @@ class _Plan:
         if self.recipe == "blockwise":
             return mx.quantize_1x128(x, axis, backend=self.backend)
         if self.recipe == "tensorwise":
-            return mx.quantize_tensorwise(x, axis, self.grad_format if grad else "e4m3", backend=self.backend)
+            return mx.quantize_tensorwise(x, axis, self.grad_format if grad else "e4m3", backend=self.backend,
+                                          delayed=delayed)
         return mx.quantize_rowwise(_pad16(x, axis) if self.native else x, axis, backend=self.backend)
 
     def act_both(self, x: torch.Tensor, saved_input: bool = False, col_sums: bool = False,
-                 grad: bool = False) -> tuple:
+                 grad: bool = False, delayed: mx.DelayedScale | None = None) -> tuple:
         if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
             return self.act(x, 1), mx.quantize_128x128(x, backend=self.backend)[1]
         if self.recipe == "mxfp8":
@@ -166,7 +196,7 @@ class _Plan:
             return mx.quantize_1x128_both(x, backend=self.backend, col_sums=col_sums)
         if self.recipe == "tensorwise":
             return mx.quantize_tensorwise_both(x, self.grad_format if grad else "e4m3", backend=self.backend,
-                                               col_sums=col_sums)
+                                               col_sums=col_sums, delayed=delayed)
         if self.recipe == "rowwise":
             if self.native and x.shape[0] % 16:  # only the per-column copy needs the padded reduction dim
                 return self.act(x, 1), self.act(x, 0)
@@ -203,6 +233,67 @@ class _Plan:
             db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
             return (da @ db.t()).to(out_dtype)
         return _scaled_mm(a, bt, self.recipe, out_dtype, fast_accum=fast_accum).to(out_dtype)
+
+
+_PLANS: dict[tuple[Fp8Config, torch.device], _Plan] = {}
+
+
+# ----------------------------------------------------------------------------------------------
+# delayed scaling: the step counter and each layer's amax history
+
+_GENERATION = [0]  # bumped by every optimizer step (hook below) and by fp8_step()
+_HOOK: list[Any] = []
+
+
+def fp8_step() -> None:
+    """End the current step for delayed scaling: the next training forward of every delayed-scaling layer
+    commits the amaxes recorded so far and reads its scales from a history that includes them. Every
+    ``torch.optim`` optimizer's ``step()`` calls this (a global post-hook, registered with the first
+    delayed-scaling layer); call it by hand only in loops that update weights some other way."""
+    _GENERATION[0] += 1
+
+
+def _register_step_hook() -> None:
+    if not _HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _HOOK.append(register_optimizer_step_post_hook(lambda *_: fp8_step()))
+
+
+class _AmaxState:
+    """Delayed-scaling state of one layer: the amax rings of x (row 0) and dY (row 1) on the device, and on the
+    host the layer's step number and the latest step each ring was written in.
+
+    ``begin()`` (each training forward) starts a new step when an optimizer step (or :func:`fp8_step`) came since
+    the last forward, and decides once per step whether each ring has history in the window: every cast of that
+    step (first forward, recomputed forward, backward, further micro-batches) then takes the same path and, with
+    history, the same scale. Host counters only: no device op and no sync."""
+
+    def __init__(self, window: int, device: torch.device):
+        self.window = window
+        self.device = device
+        self.history = mx.new_amax_history(window, device, rows=2)
+        self.rows = (self.history[0], self.history[1])
+        self.step = 0
+        self.gen: int | None = None
+        self.last: list[int | None] = [None, None]  # step of the latest record per ring
+        self.use_history = (False, False)
+
+    def begin(self) -> int:
+        gen = _GENERATION[0]
+        if gen != self.gen:
+            if self.gen is not None:
+                self.step += 1
+            self.gen = gen
+            self.use_history = tuple(t is not None and t >= self.step - self.window for t in self.last)
+        return self.step
+
+    def scale(self, row: int, step: int, use_history: bool) -> mx.DelayedScale:
+        """The DelayedScale of ring ``row`` in ``step`` (``use_history`` as ``begin`` decided for that step);
+        marks the ring written in ``step``."""
+        last = self.last[row]
+        self.last[row] = step if last is None or last < step else last
+        return mx.DelayedScale(self.rows[row], step, self.window, use_history)
 
 
 def _pad_rows(x: torch.Tensor, align: int) -> torch.Tensor:
@@ -308,7 +399,7 @@ def _hp_gemm(a: torch.Tensor, bt: torch.Tensor, prec: str, native: bool) -> torc
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                cfg: Fp8Config, where: str, out_dtype: torch.dtype) -> torch.Tensor:
+                cfg: Fp8Config, where: str, out_dtype: torch.dtype, state: _AmaxState | None) -> torch.Tensor:
         plan = _Plan.make(cfg, x, where)
         m, k = x.shape
         n = w.shape[0]
@@ -316,13 +407,23 @@ class _Fp8LinearFn(torch.autograd.Function):
         wgrad = plan.recipe if cfg.wgrad == "recipe" else cfg.wgrad
         fp8_wgrad = cfg.wgrad == "recipe"  # same precision as the layer
         need_wgrad = ctx.needs_input_grad[1]
+        xd = None
+        if state is not None and plan.recipe == "tensorwise":  # delayed scaling of x (and, in backward, dY)
+            step = state.begin()
+            ux, ctx.dy_use_history = state.use_history
+            ctx.state, ctx.step = state, step
+            xd = state.scale(0, step, ux)
+        else:
+            ctx.state = None
         xq = _pad_rows(x, plan.row_align)  # zero rows add nothing to any GEMM; sliced off the outputs
         if fp8_wgrad and need_wgrad:
-            xa, xt = plan.act_both(xq, saved_input=True)
+            xa, xt = plan.act_both(xq, saved_input=True, delayed=xd)
         else:
-            xa, xt = plan.act(xq, 1), None
+            xa, xt = plan.act(xq, 1, delayed=xd), None
         wa, wt = plan.weight(w)
-        y = plan.gemm(xa, wa, out_dtype, bias=b, fast_accum=True)[:m]
+        y = plan.gemm(xa, wa, out_dtype, bias=b, fast_accum=True)
+        if y.shape[0] != m:
+            y = y[:m]
         ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
         ctx.xt, ctx.wt, ctx.m = xt, wt, m
         ctx.has_bias = b is not None
@@ -335,7 +436,8 @@ class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         plan: _Plan = ctx.plan
-        dy = dy.contiguous()
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
         (x,) = ctx.saved_tensors
         dx = dw = None
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -343,28 +445,35 @@ class _Fp8LinearFn(torch.autograd.Function):
         want_db = ctx.has_bias and ctx.needs_input_grad[2]
         dyq = _pad_rows(dy, plan.row_align)
         fuse_db = want_db and plan.native and plan.recipe in FUSED_BIAS_GRAD  # db from the quantizer's read
+        dyd = ctx.state.scale(1, ctx.step, ctx.dy_use_history) if ctx.state is not None and (need_x or need_w) \
+            else None
         if ctx.fp8_wgrad and need_w:
             if fuse_db:
-                dya, dyt, db = plan.act_both(dyq, col_sums=True, grad=True)
+                dya, dyt, db = plan.act_both(dyq, col_sums=True, grad=True, delayed=dyd)
             else:
-                dya, dyt = plan.act_both(dyq, grad=True)
+                dya, dyt = plan.act_both(dyq, grad=True, delayed=dyd)
         elif need_x:
             if fuse_db and plan.recipe == "tensorwise":  # the row-layout-only quantizers of the others do not sum
-                dya, db = plan.act(dyq, 1, grad=True, col_sums=True)
+                dya, db = plan.act(dyq, 1, grad=True, col_sums=True, delayed=dyd)
             else:
-                dya = plan.act(dyq, 1, grad=True)
+                dya = plan.act(dyq, 1, grad=True, delayed=dyd)
         if need_x:
-            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)[:ctx.m]
+            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
+            if dx.shape[0] != ctx.m:
+                dx = dx[:ctx.m]
         if need_w:
             if ctx.fp8_wgrad:
                 dw = plan.gemm(dyt, ctx.xt, ctx.w_dtype)
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
-            dw = dw.to(ctx.w_dtype)
+            if dw.dtype != ctx.w_dtype:
+                dw = dw.to(ctx.w_dtype)
         if want_db:
-            db = (db if db is not None else dy.sum(0, dtype=torch.float32)).to(ctx.b_dtype)
-        ctx.xt = ctx.wt = None
-        return dx, dw, db, None, None, None
+            db = db if db is not None else dy.sum(0, dtype=torch.float32)
+            if db.dtype != ctx.b_dtype:
+                db = db.to(ctx.b_dtype)
+        ctx.xt = ctx.wt = ctx.state = None
+        return dx, dw, db, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -382,6 +491,8 @@ class Fp8Linear(nn.Linear):
         if config is not None and config_kwargs:
             raise Fp8LinearError("Fp8Linear: pass either config= or recipe/wgrad/emulate keywords, not both")
         self.config = config if config is not None else Fp8Config(**config_kwargs)
+        self._fp8_where = f"Fp8Linear({in_features}->{out_features})"
+        self._amax_state: _AmaxState | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: Fp8Config) -> Fp8Linear:
@@ -391,8 +502,22 @@ class Fp8Linear(nn.Linear):
         new.weight = linear.weight
         new.bias = linear.bias
         new.config = config
+        new._fp8_where = f"Fp8Linear({linear.in_features}->{linear.out_features})"
+        new._amax_state = None
         new.train(linear.training)
         return new
+
+    def _delayed_state(self, x: torch.Tensor) -> _AmaxState | None:
+        """This layer's delayed-scaling state (made on first use, remade when the device or window changes);
+        None where the layer uses current scaling (config, or eval mode)."""
+        c = self.config
+        if c.scaling != "delayed" or c.recipe != "tensorwise" or not self.training:
+            return None
+        st = self._amax_state
+        if st is None or st.device != x.device or st.window != c.amax_history:
+            _register_step_hook()
+            st = self._amax_state = _AmaxState(c.amax_history, x.device)
+        return st
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
@@ -404,13 +529,18 @@ class Fp8Linear(nn.Linear):
         # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
         # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
         dev = x.device.type
-        autocast = torch.is_autocast_enabled(dev)
-        out_dtype = torch.get_autocast_dtype(dev) if autocast else x.dtype
-        with torch.autocast(dev, enabled=False):  # the recipe picks every GEMM's precision itself
-            y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
-                                   f"Fp8Linear({self.in_features}->{self.out_features})", out_dtype)
+        state = self._delayed_state(x) if self.config.scaling == "delayed" else None
+        where = getattr(self, "_fp8_where", None) or f"Fp8Linear({self.in_features}->{self.out_features})"
+        if torch.is_autocast_enabled(dev):
+            with torch.autocast(dev, enabled=False):  # the recipe picks every GEMM's precision itself
+                y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
+                                       where, torch.get_autocast_dtype(dev), state)
+        else:
+            y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config, where,
+                                   x.dtype, state)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         c = self.config
-        return f"{super().extra_repr()}, recipe={c.recipe}, wgrad={c.wgrad}, emulate={c.emulate}"
+        extra = f", scaling=delayed (history {c.amax_history})" if c.scaling == "delayed" else ""
+        return f"{super().extra_repr()}, recipe={c.recipe}, wgrad={c.wgrad}, emulate={c.emulate}{extra}"

@@ -347,10 +347,55 @@ def quantize_rowwise_both(x: torch.Tensor, backend: str = "auto") -> tuple[Scale
 
 
 # ----------------------------------------------------------------------------------------------
-# tensorwise: one power-of-two scale per tensor (current scaling: an amax pass, then one cast pass)
+# tensorwise: one power-of-two scale per tensor. Current scaling: an amax pass, then one cast pass. Delayed
+# scaling: the scale from an amax history of earlier steps, this step's amax recorded by the cast pass itself.
 
 FORMATS = {"e4m3": (torch.float8_e4m3fn, E4M3_MAX, 8), "e5m2": (torch.float8_e5m2, E5M2_MAX, 15)}
 TENSORWISE_PAD = 16  # cuBLAS FP8 GEMMs need the reduction dim (and leading dims) a multiple of 16
+_STEP_SHIFT = 31  # a history slot holds (step << 31) | amax bits (sign cleared, so 31 bits)
+
+
+@dataclass(frozen=True)
+class DelayedScale:
+    """Delayed scaling of one tensor (as Transformer Engine's default recipe): where its scale comes from and
+    where its amax goes.
+
+    ``history``: int64 ring of ``window + 1`` slots on the tensor's device; slot ``step % (window + 1)`` holds
+    ``(step << 31) | amax_bits`` of the latest step that wrote it (amax as fp32 bits, NaN > Inf > finite). The
+    cast of step ``step`` takes its scale from the max amax of the slots written in steps ``step - window`` ..
+    ``step - 1`` (``use_history=True``), or from this tensor's own amax (``use_history=False``: current scaling,
+    for a first step with no history), and atomically maxes this tensor's amax into its own step's slot. So the
+    scale of a step never depends on that step's data: a recomputed forward (activation checkpointing) or a
+    second micro-batch of the same step gets the same scale, and the recorded amax is the max over all of them.
+
+    Values beyond the delayed scale's range saturate to the format's max (+-448 for e4m3, +-57344 for e5m2) and
+    are not counted; a NaN/Inf element gets the NaN code, and a non-finite amax in the history makes the whole
+    tensor NaN for the next ``window`` steps (as current scaling does for a non-finite tensor).
+    """
+
+    history: torch.Tensor
+    step: int
+    window: int
+    use_history: bool
+
+
+def new_amax_history(window: int, device: Any = None, rows: int = 1) -> torch.Tensor:
+    """Empty history rings (int64 zeros) for :class:`DelayedScale`: [rows, window + 1]."""
+    if window < 1:
+        raise MXFormatError(f"new_amax_history: window must be >= 1 step, got {window}")
+    return torch.zeros(rows, window + 1, dtype=torch.int64, device=device)
+
+
+def tensorwise_history_amax_ref(history: torch.Tensor, step: int, window: int) -> torch.Tensor:
+    """Max amax bits (0-dim int32) over the slots written in steps ``step - window`` .. ``step - 1`` (0 if none)."""
+    s = history >> _STEP_SHIFT
+    ok = (s >= step - window) & (s < step)
+    return torch.where(ok, history & 0x7FFFFFFF, torch.zeros_like(history)).amax().to(torch.int32)
+
+
+def _record_amax_ref(history: torch.Tensor, step: int, amax_bits: torch.Tensor) -> None:
+    i = step % history.shape[0]
+    history[i] = torch.maximum(history[i], (step << _STEP_SHIFT) | amax_bits.to(torch.int64))
 
 
 def _fmt(fmt: str, where: str) -> tuple[torch.dtype, float, int]:
@@ -359,59 +404,82 @@ def _fmt(fmt: str, where: str) -> tuple[torch.dtype, float, int]:
     return FORMATS[fmt]
 
 
+def _amax_bits_ref(x: torch.Tensor) -> torch.Tensor:
+    return (x.float().reshape(-1).view(torch.int32) & 0x7FFFFFFF).amax() if x.numel() else \
+        torch.zeros((), dtype=torch.int32, device=x.device)
+
+
 def tensorwise_scale_ref(x: torch.Tensor, fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inverse-scale fp32 bits, scale fp32 bits, non-finite) as 0-dim tensors, from |x| max (NaN > Inf)."""
     _, _, emax = _fmt(fmt, "tensorwise_scale_ref")
-    amax_bits = (x.float().reshape(-1).view(torch.int32) & 0x7FFFFFFF).amax() if x.numel() else \
-        torch.zeros((), dtype=torch.int32, device=x.device)
-    return _scale_bits_ref(amax_bits, e8m0=False, emax=emax)
+    return _scale_bits_ref(_amax_bits_ref(x), e8m0=False, emax=emax)
 
 
-def _tensorwise_apply_ref(m: torch.Tensor, inv: torch.Tensor, bad: torch.Tensor, fmt: str) -> torch.Tensor:
+def _tensorwise_apply_ref(m: torch.Tensor, inv: torch.Tensor, bad: torch.Tensor, fmt: str,
+                          nan_elements: bool = False) -> torch.Tensor:
     dt, fmax, _ = FORMATS[fmt]
-    y = (_pad_cols(m.float().contiguous(), TENSORWISE_PAD) * _f32_from_bits(inv)).clamp(-fmax, fmax)
+    mp = _pad_cols(m.float().contiguous(), TENSORWISE_PAD)
+    y = (mp * _f32_from_bits(inv)).clamp(-fmax, fmax)
     q = y.to(dt).view(torch.uint8)
-    return torch.where(bad, torch.full_like(q, _NAN_CODE), q).view(dt)
+    nan = bad | ~mp.isfinite() if nan_elements else bad
+    return torch.where(nan, torch.full_like(q, _NAN_CODE), q).view(dt)
 
 
-def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3") -> ScaledTensor:
+def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3",
+                            delayed: DelayedScale | None = None) -> ScaledTensor:
     """Reference tensorwise quantization: ``x`` (axis=1) or ``x.T`` (axis=0) in ``fmt`` with one
-    power-of-two scale, columns zero-padded to a multiple of 16; a non-finite tensor becomes all NaN."""
+    power-of-two scale, columns zero-padded to a multiple of 16; a non-finite tensor becomes all NaN.
+    ``delayed``: delayed scaling (see :class:`DelayedScale`); records ``x``'s amax into its history."""
     _check_2d(x, "quantize_tensorwise_ref")
-    inv, sbits, bad = tensorwise_scale_ref(x, fmt)
+    if delayed is None:
+        inv, sbits, bad = tensorwise_scale_ref(x, fmt)
+    else:
+        _, _, emax = _fmt(fmt, "quantize_tensorwise_ref")
+        cur = _amax_bits_ref(x)
+        src = tensorwise_history_amax_ref(delayed.history, delayed.step, delayed.window) \
+            if delayed.use_history else cur
+        inv, sbits, bad = _scale_bits_ref(src, e8m0=False, emax=emax)
+        _record_amax_ref(delayed.history, delayed.step, cur)
     m = x if axis == 1 else x.t()
-    return ScaledTensor(_tensorwise_apply_ref(m, inv, bad, fmt), _f32_from_bits(sbits),
+    nan_elements = delayed is not None and delayed.use_history
+    return ScaledTensor(_tensorwise_apply_ref(m, inv, bad, fmt, nan_elements), _f32_from_bits(sbits),
                         (m.shape[0], m.shape[1]), "tensorwise")
 
 
+def _tensorwise_triton(x: torch.Tensor, row: bool, col: bool, fmt: str, col_sums: bool,
+                       delayed: DelayedScale | None) -> tuple:
+    from kernels import mx_triton
+
+    if delayed is None:
+        return mx_triton.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums)
+    return mx_triton.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums, history=delayed.history,
+                                         step=delayed.step, window=delayed.window, use_history=delayed.use_history)
+
+
 def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto",
-                        col_sums: bool = False) -> Any:
+                        col_sums: bool = False, delayed: DelayedScale | None = None) -> Any:
     """Tensorwise quantization of ``x`` (axis=1) or its transposed layout (axis=0); see the reference.
-    With ``col_sums``, returns ``(ScaledTensor, x.sum(0) in fp32)``: the amax pass, which reads ``x``
-    anyway, sums its columns (the bias gradient when ``x`` is dY)."""
+    With ``col_sums``, returns ``(ScaledTensor, x.sum(0) in fp32)``: the pass that reads ``x`` first sums its
+    columns (the bias gradient when ``x`` is dY). ``delayed``: delayed scaling (:class:`DelayedScale`)."""
     if _pick_backend(backend, x, "quantize_tensorwise") == "ref":
-        q = quantize_tensorwise_ref(x, axis, fmt)
+        q = quantize_tensorwise_ref(x, axis, fmt, delayed)
         return (q, x.float().sum(0)) if col_sums else q
     _check_2d(x, "quantize_tensorwise")
     _fmt(fmt, "quantize_tensorwise")
-    from kernels import mx_triton
-
-    rows, cols, *sums = mx_triton.quantize_tensorwise(x, axis == 1, axis == 0, fmt, col_sums=col_sums)
+    rows, cols, *sums = _tensorwise_triton(x, axis == 1, axis == 0, fmt, col_sums, delayed)
     q = ScaledTensor(*(rows if axis == 1 else cols), "tensorwise")
     return (q, *sums) if col_sums else q
 
 
-def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto", col_sums: bool = False
-                             ) -> tuple:
-    """Both tensorwise layouts (``x`` and ``x.T``, one shared scale); Triton: an amax pass, then one pass
-    that reads ``x`` once and writes both layouts. With ``col_sums`` a third item holds ``x.sum(0)`` in fp32
-    (from the amax pass)."""
+def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto", col_sums: bool = False,
+                             delayed: DelayedScale | None = None) -> tuple:
+    """Both tensorwise layouts (``x`` and ``x.T``, one shared scale); Triton: one pass that reads ``x`` once and
+    writes both layouts, after an amax pass (current scaling) or alone (delayed scaling with history). With
+    ``col_sums`` a third item holds ``x.sum(0)`` in fp32."""
     if _pick_backend(backend, x, "quantize_tensorwise_both") == "ref":
-        out = (quantize_tensorwise_ref(x, 1, fmt), quantize_tensorwise_ref(x, 0, fmt))
+        out = (quantize_tensorwise_ref(x, 1, fmt, delayed), quantize_tensorwise_ref(x, 0, fmt, delayed))
         return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "quantize_tensorwise_both")
     _fmt(fmt, "quantize_tensorwise_both")
-    from kernels import mx_triton
-
-    rows, cols, *sums = mx_triton.quantize_tensorwise(x, True, True, fmt, col_sums=col_sums)
+    rows, cols, *sums = _tensorwise_triton(x, True, True, fmt, col_sums, delayed)
     return (ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise"), *sums)

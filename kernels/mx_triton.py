@@ -348,9 +348,11 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: in
     return rows, cols
 
 
-# ---- tensorwise (one scale per tensor): an amax pass, then one cast pass writing one or both layouts.
-# Three launches per tensor (zero fill, amax, cast) and no other device ops: the cast pass derives the scale
-# from the amax itself, so a layer's many small tensors do not pay a string of tiny scale kernels.
+# ---- tensorwise (one scale per tensor). Current scaling: an amax pass, then one cast pass writing one or both
+# layouts; three launches per tensor (zero fill, amax, cast) and no other device ops: the cast pass derives the
+# scale from the amax itself, so a layer's many small tensors do not pay a string of tiny scale kernels.
+# Delayed scaling: one cast pass per tensor, its scale from an amax history of earlier steps (a ring of int64
+# slots ``(step << 31) | amax_bits``), recording this tensor's amax into the current step's slot as it casts.
 
 # (rows, cols, warps) of the cast pass and of each loop step of the amax pass: best of a 5-tile sweep (cast) and
 # a 6-tile x 3-program-count sweep (amax) on an H200 (benchmarks/RESULTS.md, 2026-11-30): the amax pass reads
@@ -360,6 +362,16 @@ TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 128, 4)
 TENSORWISE_AMAX_PROGRAMS = 1024  # programs of the amax pass in all (each loops over its share of the row tiles)
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
+_DUMMIES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _dummy(dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A [1, 1] placeholder for a pointer argument a kernel does not use (one per device and dtype, reused:
+    an allocation per call costs host time the host-bound layer step does not have)."""
+    t = _DUMMIES.get((dev, dtype))
+    if t is None:
+        t = _DUMMIES[(dev, dtype)] = torch.zeros(1, 1, dtype=dtype, device=dev)
+    return t
 
 
 @triton.jit
@@ -370,6 +382,17 @@ def _pow2_scale(amax_bits, EMAX: tl.constexpr):
     t = e - EMAX + ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
     t = tl.where(e == 0, 1, tl.maximum(t, 1))
     return (254 - t) << 23, tl.where(bad, 0x7FC00000, t << 23), bad
+
+
+@triton.jit
+def _history_amax(hist_ptr, STEP, NSLOT: tl.constexpr, NSLOT_P2: tl.constexpr, WINDOW: tl.constexpr):
+    """Max amax bits over the ring's slots recorded in steps STEP - WINDOW .. STEP - 1 (kernels.mx
+    ``tensorwise_history_amax_ref``); slots of older steps, and the current step's, do not count."""
+    i = tl.arange(0, NSLOT_P2)
+    v = tl.load(hist_ptr + i, mask=i < NSLOT, other=0)
+    s = v >> 31
+    ok = (s >= STEP - WINDOW) & (s < STEP)
+    return tl.max(tl.where(ok, v & 0x7FFFFFFF, 0), axis=0).to(tl.int32)
 
 
 @triton.jit
@@ -396,15 +419,28 @@ def _amax_all_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, ROW_STEP, cs_ptr, scs,
         tl.store(cs_ptr + pid_r * scs + cc, csum, mask=cc < C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["STEP"])
 def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
+                            hist_ptr, STEP, cs_ptr, scs,
                             TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
-                            E5M2: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr):
+                            E5M2: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
+                            DELAYED: tl.constexpr, RECORD: tl.constexpr, NSLOT: tl.constexpr,
+                            NSLOT_P2: tl.constexpr, WINDOW: tl.constexpr, COLSUM: tl.constexpr):
     """One read of a [TR, TC] tile: codes into q [R, CP] (ROW) and into the transposed qt [C, RP] (COL);
-    padding rows/columns get code 0; a non-finite tensor gets NaN codes. Program (0, 0) writes the scale."""
+    padding rows/columns get code 0. Program (0, 0) writes the scale.
+
+    Current scaling (not DELAYED): the scale from ``amax_ptr`` (this tensor's amax); a non-finite tensor gets
+    NaN codes. DELAYED: the scale from the history ring ``hist_ptr`` (steps STEP - WINDOW .. STEP - 1); elements
+    beyond it saturate to +-FMAX, non-finite elements get the NaN code, a non-finite history makes all codes NaN.
+    RECORD: each program atomically maxes its tile's amax, tagged with STEP, into slot STEP % NSLOT.
+    COLSUM: fp32 column sums of the tile into ``cs[pid_r, cols]`` (summed over pid_r by the caller)."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
-    inv, sbits, bad = _pow2_scale(tl.load(amax_ptr), EMAX)
+    if DELAYED:
+        amax = _history_amax(hist_ptr, STEP, NSLOT, NSLOT_P2, WINDOW)
+    else:
+        amax = tl.load(amax_ptr)
+    inv, sbits, bad = _pow2_scale(amax, EMAX)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(scale_ptr, sbits.to(tl.float32, bitcast=True))
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
@@ -416,7 +452,18 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
         code = _encode_e5m2(y)
     else:
         code = _encode_e4m3(y)
-    code = tl.where(bad, 0x7F, code).to(tl.uint8)
+    if DELAYED or RECORD:
+        ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if DELAYED:  # the history never saw this tensor's NaN/Inf: mark them per element
+        code = tl.where(bad | (ab >= 0x7F800000), 0x7F, code).to(tl.uint8)
+    else:
+        code = tl.where(bad, 0x7F, code).to(tl.uint8)
+    if RECORD:  # skip the atomic where the slot already holds a larger value (most tiles, after the first)
+        packed = (STEP.to(tl.int64) << 31) | tl.max(tl.max(ab, axis=1), axis=0).to(tl.int64)
+        slot = hist_ptr + STEP % NSLOT
+        tl.atomic_max(slot, packed, mask=packed > tl.load(slot))
+    if COLSUM:
+        tl.store(cs_ptr + pid_r * scs + cc, tl.sum(x, axis=0), mask=cc < C)
     if ROW:
         tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=(rr[:, None] < R) & (cc[None, :] < CP))
     if COL:
@@ -436,7 +483,8 @@ def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
     # enough programs to fill the GPU a few times over; each loops over its share of the row tiles
     if row_step is None:
         row_step = max(1, min(row_tiles, TENSORWISE_AMAX_PROGRAMS // col_tiles)) if x.is_cuda else row_tiles
-    cs = torch.empty(row_step if col_sums else 1, c if col_sums else 1, dtype=torch.float32, device=x.device)
+    cs = torch.empty(row_step, c, dtype=torch.float32, device=x.device) if col_sums else \
+        _dummy(x.device, torch.float32)
     if r and c:
         _amax_all_kernel[(row_step, col_tiles)](x, r, c, x.stride(0), x.stride(1), amax, row_step, cs,
                                                 cs.stride(0), TR=tr, TC=tc, COLSUM=col_sums, num_warps=nw)
@@ -446,28 +494,47 @@ def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
 
 
 def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
-                        tiles: tuple[int, int, int] | None = None, col_sums: bool = False):
+                        tiles: tuple[int, int, int] | None = None, col_sums: bool = False,
+                        history: torch.Tensor | None = None, step: int = 0, window: int = 0,
+                        use_history: bool = False):
     """Tensorwise quantize. Returns ((q [R, Cp], scale [], (R, C)) | None, (qt [C, Rp], scale [], (C, R)) | None),
     Cp/Rp rounded up to 16 (zero padding); with ``col_sums`` a third item, the fp32 column sums of ``x``
-    (summed by the amax pass, which reads ``x`` anyway)."""
+    (summed by the pass that reads ``x`` first).
+
+    ``history`` (int64 [window + 1] ring, see kernels.mx.DelayedScale): the cast records this tensor's amax for
+    ``step``; with ``use_history`` the scale comes from the ring (one pass over ``x``, no amax pass), else from
+    an amax pass as in current scaling."""
     r, c = x.shape
     dev = x.device
     e5, fmax, emax = _FMT[fmt]
     dt = torch.float8_e5m2 if e5 else torch.float8_e4m3fn
     cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
-    if col_sums:
+    record = history is not None
+    delayed = record and use_history
+    sums = None
+    if delayed:
+        amax = _dummy(dev, torch.int32)
+    elif col_sums:
         amax, sums = tensorwise_amax(x, col_sums=True)
     else:
         amax = tensorwise_amax(x)
     scale = torch.empty((), dtype=torch.float32, device=dev)
     tr, tc, nw = tiles or TENSORWISE_TILES
-    dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
+    dummy = _dummy(dev, torch.uint8)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy
     grid = (max(1, triton.cdiv(rp if col else r, tr)), max(1, triton.cdiv(cp if row else c, tc)))
+    cs_here = col_sums and delayed
+    cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if cs_here else _dummy(dev, torch.float32)
+    nslot = history.shape[0] if record else 1
     _tensorwise_cast_kernel[grid](x, r, c, x.stride(0), x.stride(1), amax, scale, q, q.stride(0), cp, qt,
-                                  qt.stride(0), rp, TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax,
-                                  EMAX=emax, num_warps=nw)
+                                  qt.stride(0), rp, history if record else _dummy(dev, torch.int64), step, cs,
+                                  cs.stride(0), TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax,
+                                  EMAX=emax, DELAYED=delayed, RECORD=record, NSLOT=nslot,
+                                  NSLOT_P2=triton.next_power_of_2(nslot), WINDOW=window, COLSUM=cs_here,
+                                  num_warps=nw)
+    if cs_here:
+        sums = cs.sum(0)
     rows = (q.view(dt), scale, (r, c)) if row else None
     cols = (qt.view(dt), scale, (c, r)) if col else None
     return (rows, cols, sums) if col_sums else (rows, cols)

@@ -221,10 +221,12 @@ def windowcheck() -> list[str]:
 
 
 def windowtune(L: int = 4096, W: int = 256) -> list[str]:
-    """Each window kernel's configuration (inner tile, warps, stages, one loop) timed at L (causal softmax,
-    no bias): the forward op alone, then the backward op with the dq kernel's configuration varied, then
-    the dk/dv kernel's (the other at its best so far). Leaves ``attention_window_op.CONFIG`` at the fastest
-    of each (the run's ``local`` rows use them). Useful TFLOP/s count visible pairs."""
+    """Each window kernel's configuration (inner tile, warps, stages, last flag) timed at L (causal softmax,
+    no bias): the forward op alone, then the backward op: the two-kernel backward at its configuration, then
+    the fused backward (``attention_triton_window_bwd``) with its dk/dv + dS kernel's configuration varied
+    (last flag: delta computed in its loop rather than by a pass first), then its dq kernel's (the other at
+    its best so far). Leaves ``attention_window_op.CONFIG`` at the fastest of each and ``BACKWARD`` at the
+    faster backward (the run's ``local`` rows use them). Useful TFLOP/s count visible pairs."""
     from kernels import attention_window_op as wop
     from kernels.attention_flops import visible_pairs
 
@@ -236,31 +238,39 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
     work = wop.window_work(offs, tokens, wop.TILE)
     args = (offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(D), W, 0, work)
     rows = [f"### Window kernels, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax, tile {wop.TILE}",
-            "", "| kernel varied | inner tile | warps | stages | one loop | op | op ms | useful TFLOP/s |",
-            "|---|---|---|---|---|---|---|---|"]
-    cands = {"fwd": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 3, False), (64, 4, 2, True)],
-             "dq": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, True)],
-             "dkdv": [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, True)]}
+            "", "| backward | kernel varied | inner tile | warps | stages | flag | op | op ms | useful TFLOP/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    cands = {"fwd": [(32, 4, 3, False), (64, 4, 2, False), (32, 4, 2, False)],
+             "two": [wop.CONFIG["dq"]],
+             "fused": [(64, 4, 2, False), (64, 4, 2, True), (64, 8, 2, False), (64, 8, 2, True), (64, 4, 3, False)],
+             "dsq": [(64, 8, 2, False), (64, 4, 2, False), (64, 8, 3, False)]}
     out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
     ops = {"fwd": lambda: torch.ops.gemtrain.window_attn_fwd(q, k, v, *args),
            "bwd": lambda: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)}
+    best_path = {}
     for name, configs in cands.items():
         op, flops = ("fwd", fwd_flops) if name == "fwd" else ("bwd", 2.5 * fwd_flops)
-        best = (float("inf"), wop.CONFIG[name])
+        path = {"fwd": "-", "two": "two", "fused": "fused", "dsq": "fused"}[name]
+        key = "dq" if name == "two" else name
+        if path != "-":
+            wop.BACKWARD = path
+        best = (float("inf"), wop.CONFIG[key])
         for cfg in configs:
-            wop.CONFIG[name] = cfg
+            wop.CONFIG[key] = cfg
             try:
                 ms = cuda_time(ops[op], reps=20)
             except Exception as e:  # a configuration that does not compile or fit
-                rows.append(f"| {name} | {' | '.join(map(str, cfg))} | {op} | failed: {type(e).__name__} | |")
+                rows.append(f"| {path} | {key} | {' | '.join(map(str, cfg))} | {op} | failed: {type(e).__name__} | |")
                 print(rows[-1], flush=True)
                 continue
             best = min(best, (ms, cfg))
-            rows.append(f"| {name} | {' | '.join(map(str, cfg))} | {op} | {ms:.3f} | "
+            rows.append(f"| {path} | {key} | {' | '.join(map(str, cfg))} | {op} | {ms:.3f} | "
                         f"{flops / (ms * 1e-3) / 1e12:.0f} |")
             print(rows[-1], flush=True)
-        wop.CONFIG[name] = best[1]
-    rows.append(f"\nchosen: {wop.CONFIG}")
+        wop.CONFIG[key] = best[1]
+        best_path[path] = best[0]
+    wop.BACKWARD = "fused" if best_path["fused"] < best_path["two"] else "two"
+    rows.append(f"\nchosen: {wop.CONFIG}, backward {wop.BACKWARD}")
     return rows
 
 

@@ -34,6 +34,11 @@ from kernels.attention_triton_window import (
     window_attn_bwd_dq_kernel,
     window_attn_fwd_kernel,
 )
+from kernels.attention_triton_window_bwd import (
+    window_attn_bwd_dkdv_ds_kernel,
+    window_attn_bwd_dq_ds_kernel,
+    window_delta_kernel,
+)
 
 Tensor = torch.Tensor
 
@@ -48,7 +53,16 @@ TILE = 64
 # Measured at L=2048..32768, W=256 (bf16, D=128, causal): the forward 32-key tiles with 3 stages (0.68-0.76 ms
 # against 0.75-0.84 at 64/2); the backward kernels one loop (the three-loop split lost 15-20% there).
 CONFIG: dict[str, tuple[int, int, int, bool]] = {
-    "fwd": (32, 4, 3, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True)}
+    "fwd": (32, 4, 3, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
+    # The fused backward (attention_triton_window_bwd): its inner tiles are the outer tile, so the first entry
+    # is unused; the last one of "fused" computes delta = rowsum(dO . o) in the dk/dv loop (else one pass first).
+    "fused": (64, 4, 2, False), "dsq": (64, 8, 2, False)}
+# Backward: "fused" (dk, dv and the score gradients in one kernel, dq from those; where ``fused_slots`` allows)
+# or "two" (the dq kernel, then the dk/dv kernel, each computing the scores).
+BACKWARD = "fused"
+# The fused backward keeps the score gradients of every (query, key tile) pair: H * slots * tokens * TILE
+# elements, slots = key tiles a query tile sees. Longer windows take the two-kernel backward.
+MAX_FUSED_SLOTS = 9
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
 WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
 
@@ -75,6 +89,16 @@ def tile_of(q: Tensor) -> int:
 def inner_of(config: tuple[int, int, int, bool], tile: int) -> int:
     """A kernel's inner tile: its configured one, at most the outer tile under the interpreter."""
     return min(config[0], tile) if INTERPRET else config[0]
+
+
+def fused_slots(window: int, causal: bool, tile: int) -> tuple[int, int]:
+    """(slots, first slot) of the fused backward's dS scratch: key tiles ``j`` paired with query tile ``i``
+    go to slot ``i - j + first``; (0, 0) when the window is too long for that path or it is switched off."""
+    reach = -(-min(window, WINDOW_CAP) // tile)  # key tiles a window reaches on one side
+    slots = reach + 1 if causal else 2 * reach + 1
+    if BACKWARD != "fused" or slots > MAX_FUSED_SLOTS:
+        return 0, 0
+    return slots, 0 if causal else reach
 
 
 def window_work(offsets: Tensor, total: int, tile: int) -> Tensor:
@@ -130,6 +154,35 @@ def _(q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_t
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
+def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, causal, norm, num_targets, pos_weight,
+                    time_weight, common_args, table_grads, times, scalars, grid, tile, tma, slots, slot0) -> None:
+    """The fused backward (``attention_triton_window_bwd``): dk, dv and the dS scratch in one kernel, then dq."""
+    cfg = CONFIG["fused"]
+    inline = cfg[3] or activation != "softmax"  # delta is softmax's alone
+    work = common_args[1]
+    ds = _unset(q, (q.shape[1] * slots, q.shape[0], tile))  # every element the dq kernel reads is written
+    dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
+    delta = lse
+    if not inline:
+        delta = _unset(q, q.shape[:2], torch.float32)
+        window_delta_kernel[grid](out, do, delta, offsets, work, **dims, BLOCK_M=tile, num_warps=4)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
+    del meta["ONE_LOOP"]
+    window_attn_bwd_dkdv_ds_kernel[grid](
+        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, dk, dv,
+        offsets, *common_args, *table_grads, *times, *scalars, q.shape[0], **meta, DELTA_INLINE=inline,
+        SLOTS=slots, SLOT0=slot0,
+    )
+    cfg = CONFIG["dsq"]
+    ds_tma = tma and ds.numel() // tile < 2**31  # descriptor coordinates are int32
+    ds_desc = TensorDescriptor(ds, [ds.numel() // tile, tile], [tile, 1], [tile, tile]) if ds_tma else ds
+    window_attn_bwd_dq_ds_kernel[grid](
+        k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], q.shape[0], **dims,
+        CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
+        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, num_warps=cfg[1],
+    )
+
+
 @torch.library.custom_op("gemtrain::window_attn_bwd", mutates_args=())
 def window_attn_bwd(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, offsets: Tensor,
@@ -145,12 +198,20 @@ def window_attn_bwd(
             table_grad(dtime, time_weight)
     do = do.contiguous()
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
-    delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
     tile = tile_of(q)
+    slots, slot0 = fused_slots(window, causal, tile)
     tma = common.use_tma([q, k, v, out, do], q.shape[2], _pow2(q.shape[2]))
     common_args = (_ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse))
     scalars = (scale, float(max(norm, 1)), min(window, WINDOW_CAP))
     grid = (work.shape[0] * q.shape[1],)
+    table_grads = (dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse)
+    times = (_ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets))
+    if slots:
+        _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, causal, norm, num_targets,
+                        pos_weight, time_weight, common_args, table_grads, times, scalars, grid, tile, tma, slots,
+                        slot0)
+        return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)
+    delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
     inner = inner_of(CONFIG["dq"], tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["dq"])
     window_attn_bwd_dq_kernel[grid](

@@ -1,0 +1,214 @@
+"""Fused backward of sliding-window self-attention: dk, dv and the score gradients in one pass, dq from them.
+
+The two-kernel backward (``attention_triton_window``) computes the scores and ``dO . V^T`` of every (query
+tile, key tile) pair twice, once for dq and once for dk/dv: 7 tile matmuls per pair. Here:
+
+* ``window_attn_bwd_dkdv_ds_kernel``: one program per (key tile, head), looping over the query tiles that
+  see it (every tile masked, one pipelined loop): S, dP, dV += P^T dO, dK += dS^T Q as in the dk/dv
+  kernel, and it stores the pair's dS (in the inputs' dtype: what the dq matmul reads anyway) into a
+  scratch ``DS[h, slot, token, key]``, ``slot = query tile - key tile (+ NB when not causal)``, ``NB``
+  the key tiles a window reaches on one side. Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
+  computed in the loop from the o tile (``DELTA_INLINE``) or read from ``window_delta_kernel``'s output.
+* ``window_attn_bwd_dq_ds_kernel``: one program per (query tile, head): dq = sum over its key tiles of
+  dS K (one matmul per pair).
+
+So 5 tile matmuls per pair, no atomics on q/k/v gradients, no ordering between programs, any mask the
+window kernels serve (causal or not, targets). The price is the dS scratch, ``H * slots * tokens * tile``
+elements, ``slots = NB + 1`` (causal) or ``2 NB + 1``: the op takes this path only for short windows.
+Every (query row, slot) the dq kernel reads is written by the program of that key tile (zeros where the
+pair sees nothing), so the scratch needs no zero fill. Outer and inner tiles are one size (``TILE``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_triton_bias import SPAN_POS, SPAN_TIME, flush_table_grad, min_max, table_grad_span
+from kernels.attention_triton_bwd import _scores
+from kernels.attention_triton_common import (
+    load_rows,
+    load_times,
+    load_vec,
+    score_grads,
+    score_scales,
+    stream_rows,
+    stream_tile,
+    visible,
+)
+from kernels.attention_triton_window import _item
+
+
+@triton.jit
+def window_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
+    """``delta = rowsum(dO . o)`` of one query tile and head (softmax)."""
+    row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
+    if row < 0:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < L
+    d_ok = offs_d < HEAD_DIM
+    rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    o = load_rows(OUT + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    do = load_rows(DO + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    tl.store(DELTA + (start + offs_m) * H + h, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1), mask=m_ok)
+
+
+@triton.jit
+def _ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS: tl.constexpr, TILE: tl.constexpr):
+    """[rows, TILE] addresses of the dS scratch of query tokens ``start + offs_m`` in ``slot``."""
+    base = (h * SLOTS + slot).to(tl.int64) * n_tokens + start + offs_m
+    return DS + base[:, None] * TILE + tl.arange(0, TILE)[None, :]
+
+
+@triton.jit
+def _dkdv_ds_tile(
+    dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
+    h, slot, n_tokens, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
+    qk_scale, bias_scale, inv_n,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
+    HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
+    POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, DELTA_INLINE: tl.constexpr,
+    SLOTS: tl.constexpr,
+):
+    """One query tile of the fused loop (``_dkdv_tile``, masked, plus the dS store; every query row of
+    the tile inside the row gets its dS row, zeros where it sees no key of the tile)."""
+    offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, start, start_m, L, h, offs_d, d_ok, H,
+                                            HEAD_DIM, BLOCK_M, True, EVEN_D, USE_TMA, HAS_TIME)
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
+    q_last = tl.minimum(start_m + BLOCK_M, L) - 1
+    s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
+        q, k, offs_m, offs_n, ts_q, ts_k, start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
+        POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ok = visible(offs_m[:, None], offs_n[None, :], L, hist_end, window, CAUSAL, HAS_NT, 0, True) & m_ok[:, None]
+    lse = offs_m  # read by softmax only
+    delta = offs_m
+    if ACT == 0:
+        lse = load_vec(LSE + (start + offs_m) * H + h, m_ok, float("inf"), True)
+        if DELTA_INLINE:
+            rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+            o = stream_tile(OD, OUT + rows, start + start_m, h * HEAD_DIM, m_ok, d_ok, True, EVEN_D, USE_TMA)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        else:
+            delta = load_vec(DELTA + (start + offs_m) * H + h, m_ok, 0.0, True)
+    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, True)
+    ds_lo = ds.to(q.dtype)
+    tl.store(_ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS, BLOCK_N), ds_lo, mask=m_ok[:, None])
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+    dk += tl.dot(tl.trans(ds_lo), q, input_precision=PREC)
+    if HAS_POS or HAS_TIME:
+        total = tl.sum(ds)
+        base = start_m - k_first  # relative position of the tile's first (query, key) pair
+        if HAS_POS:
+            dpos = table_grad_span(dpos, DPOSW, ds, total, offs_m, offs_n, offs_m, offs_n, p_hi - p_lo < SPAN_POS, ok,
+                                   p_lo, p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, True, BLOCK_M, BLOCK_N)
+        if HAS_TIME:
+            dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
+                                    NUM_TIME, TIME_PAD, False, SPAN_TIME, True, BLOCK_M, BLOCK_N)
+    return dk, dv, dpos, dtime
+
+
+@triton.jit
+def window_attn_bwd_dkdv_ds_kernel(
+    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, DS, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
+    scale, norm_const, window, n_tokens,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
+    TIME_PAD: tl.constexpr, DELTA_INLINE: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
+):
+    """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring)."""
+    row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
+    if row < 0:
+        return
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < L
+    d_ok = offs_d < HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    k = load_rows(K + rows, n_ok, d_ok, True, EVEN_D)
+    v = load_rows(V + rows, n_ok, d_ok, True, EVEN_D)
+    ts_k = load_times(KTS, start, offs_n, n_ok, True, HAS_TIME)
+    k_last = tl.minimum(n0 + BLOCK_N, L) - 1
+    tk_min = 0
+    tk_max = 0
+    if HAS_TIME:
+        tk_min, tk_max = min_max(ts_k, n_ok)
+    qk_scale, bias_scale = score_scales(scale, ACT)
+    if NORM_ROW:
+        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
+    else:
+        inv_n = 1.0 / norm_const
+    # Query tiles (aligned with the dq kernel's) holding a query that sees a key of this tile.
+    lo = n0
+    if not CAUSAL:
+        lo = (tl.maximum(n0 - window, 0) // BLOCK_M) * BLOCK_M
+    hi = tl.minimum(k_last + window + 1, L)
+    j = n0 // BLOCK_N
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dpos = tl.zeros([POS_PAD], dtype=tl.float32)
+    dtime = tl.zeros([TIME_PAD], dtype=tl.float32)
+    for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
+        dk, dv, dpos, dtime = _dkdv_ds_tile(
+            dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
+            h, start_m // BLOCK_M - j + SLOT0, n_tokens, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, QTS, POSW, TIMEW,
+            DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS,
+            NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE,
+            SLOTS)
+    if HAS_POS:
+        flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
+    if HAS_TIME:
+        flush_table_grad(DTIMEW, dtime, h, H, NUM_TIME, TIME_PAD)
+    mask = n_ok[:, None] & d_ok[None, :]
+    tl.store(DK + rows, (dk * scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def window_attn_bwd_dq_ds_kernel(
+    K, KD, DS, DSD, DQ, OFF, WORK, scale, window, n_tokens,
+    H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr, SLOTS: tl.constexpr,
+    SLOT0: tl.constexpr, DS_TMA: tl.constexpr,
+):
+    """dq of one query tile: the sum over the key tiles it sees of dS (from the scratch) times K. ``DS_TMA``:
+    dS tiles through ``DSD``, a descriptor over the scratch as ``[H * SLOTS * tokens, TILE]`` (rows past the
+    jagged row hold other tokens' dS, which reach only dq rows that are not stored)."""
+    row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
+    if row < 0:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < L
+    d_ok = offs_d < HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    last = tl.minimum(m0 + BLOCK_M, L) - 1
+    lo = (tl.maximum(m0 - window, 0) // BLOCK_M) * BLOCK_M  # the key tiles the fused kernel paired with
+    hi = last + 1
+    if not CAUSAL:
+        hi = tl.minimum(L, last + window + 1)
+    i = m0 // BLOCK_M
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
+        slot = i - start_n // BLOCK_M + SLOT0
+        if DS_TMA:
+            ds = DSD.load([((h * SLOTS + slot) * n_tokens + start + m0).to(tl.int32), 0])
+        else:
+            ds = tl.load(_ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS, BLOCK_M), mask=m_ok[:, None], other=0.0)
+        offs_n = start_n + tl.arange(0, BLOCK_M)
+        k_rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        # dS is zero at keys past the row (TMA tiles read the next row's there, finite)
+        k = stream_tile(KD, K + k_rows, start + start_n, h * HEAD_DIM, offs_n < L, d_ok, True, EVEN_D, USE_TMA)
+        dq += tl.dot(ds, k, input_precision=PREC)
+    tl.store(DQ + (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

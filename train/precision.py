@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-from kernels.fp8_linear import RECIPES, WGRAD_PRECISIONS, Fp8Config, Fp8Linear, Fp8LinearError
+from kernels.fp8_linear import RECIPES, SCALINGS, WGRAD_PRECISIONS, Fp8Config, Fp8Linear, Fp8LinearError
 
 FP8_KINDS = ("attention", "mlp", "interaction")
 ATTENTION_KERNELS = ("bf16", "fp8")
@@ -51,7 +51,10 @@ class PrecisionPolicyError(ValueError):
 class PrecisionPolicy:
     """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``tensorwise`` | ``bf16``),
     weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
-    ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe."""
+    ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe.
+    ``scaling`` (``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's scaling of x and
+    dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``. Current scaling stays the
+    default until a quality run says otherwise."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, 2026-11-30):
@@ -67,6 +70,8 @@ class PrecisionPolicy:
     attention_kernel: str = "bf16"
     attention_kernel_layers: tuple[str, ...] | None = None
     grad_format: str = "e5m2"
+    scaling: str = "current"
+    amax_history: int = 16
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:
@@ -90,8 +95,18 @@ class PrecisionPolicy:
             raise PrecisionPolicyError(
                 f"PrecisionPolicy.high_precision: unknown kinds {unknown}; "
                 f"known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
-        try:  # validates mx_on_hopper and grad_format
-            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, grad_format=self.grad_format)
+        if self.scaling not in SCALINGS:
+            raise PrecisionPolicyError(
+                f"PrecisionPolicy.scaling: unknown scaling {self.scaling!r}; expected one of {SCALINGS}")
+        if self.scaling == "delayed":
+            other = {k: getattr(self, k) for k in FP8_KINDS if getattr(self, k) not in ("tensorwise", "bf16")}
+            if other:
+                raise PrecisionPolicyError(
+                    f"PrecisionPolicy: scaling='delayed' is a tensorwise option, but {other} use other recipes; "
+                    "set those kinds to 'tensorwise' (or 'bf16'), or use scaling='current'")
+        try:  # validates mx_on_hopper, grad_format and amax_history
+            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, grad_format=self.grad_format,
+                      amax_history=self.amax_history)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -109,6 +124,8 @@ class PrecisionPolicy:
         if extra:
             raise PrecisionPolicyError(f"{where}: unknown keys {extra}; expected some of {sorted(known)}")
         d = dict(d)
+        if isinstance(d.get("amax_history"), str) and d["amax_history"].strip().isdigit():  # a command-line value
+            d["amax_history"] = int(d["amax_history"])
         if "high_precision" in d:
             d["high_precision"] = tuple(d["high_precision"])
         if d.get("attention_kernel_layers") is not None:
@@ -132,7 +149,8 @@ class PrecisionPolicy:
         if recipe is None:
             return None
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
-                         grad_format=self.grad_format)
+                         grad_format=self.grad_format, scaling=self.scaling if recipe == "tensorwise" else "current",
+                         amax_history=self.amax_history)
 
 
 @dataclass

@@ -122,3 +122,25 @@ def test_tensorwise_policy_passes_grad_format_and_validates_it():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     with pytest.raises(PrecisionPolicyError, match="grad_format"):
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "grad_format": "e3m4"})
+
+
+def test_delayed_scaling_option_reaches_the_tensorwise_layers_and_is_validated():
+    p = PrecisionPolicy.from_dict({"mlp": "tensorwise", "attention": "tensorwise", "wgrad": "recipe",
+                                   "emulate": True, "scaling": "delayed", "amax_history": "8"})  # "8": a CLI value
+    assert p.scaling == "delayed" and p.amax_history == 8
+    assert PrecisionPolicy().scaling == "current"  # current scaling stays the default
+    model = Toy()
+    report = apply_precision_policy(model, p)
+    assert set(report.converted.values()) == {"tensorwise"}
+    cfgs = [model.get_submodule(n).config for n in report.converted]
+    assert all(c.scaling == "delayed" and c.amax_history == 8 for c in cfgs)
+    model(torch.randn(8, 32)).square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert PrecisionPolicy(mlp="blockwise", amax_history=8).config_for("mlp").scaling == "current"
+    with pytest.raises(PrecisionPolicyError, match=r"precision: .*scaling='delayed' is a tensorwise option.*"
+                                                   r"'mlp': 'blockwise'"):
+        PrecisionPolicy.from_dict({"attention": "tensorwise", "mlp": "blockwise", "scaling": "delayed"})
+    with pytest.raises(PrecisionPolicyError, match="unknown scaling 'lazy'"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "lazy"})
+    with pytest.raises(PrecisionPolicyError, match="amax_history must be an int >= 1"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "delayed", "amax_history": 0})

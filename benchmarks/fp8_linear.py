@@ -1,6 +1,7 @@
 """FP8 linear layers and quantizers on one GPU: check, then time, then print one table.
 
-    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--profile] [--json OUT.json]
+    PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--profile] [--only tensorwise]
+        [--json OUT.json]
 
 1. Checks (fresh random data): Triton quantizers bit-identical to the PyTorch reference on the GPU
    (special values and fp32 subnormals included); each native recipe's output and gradients against
@@ -15,7 +16,13 @@
    a torch.profiler kernel table (top 15 by CUDA time, per step) of one fwd+bwd step of bf16 ``nn.Linear``
    and of the tensorwise layer on 65536x1024->4096, with each step's wall time, GPU busy time and idle
    gap; and ablations of the tensorwise step (forward only, no bias, bias outside the GEMM epilogue, bias
-   gradient as a separate sum), each against bf16 in the same run.
+   gradient as a separate sum), each against bf16 in the same run; the same kernel table and host ops for the
+   tensorwise layer with delayed scaling.
+
+``--only PREFIXES`` (comma-separated) keeps the variants whose label starts with one of them (bf16
+``nn.Linear`` is always timed) and, with ``tensorwise``, only the tensorwise quantizer rows. Every timed step
+ends with ``fp8_step()`` (the optimizer step a training loop would run), so delayed-scaling layers run with
+history after the first warm-up step.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import triton
 from torch import nn
 
 from kernels import mx, mx_triton
-from kernels.fp8_linear import Fp8Config, Fp8Linear
+from kernels.fp8_linear import Fp8Config, Fp8Linear, fp8_step
 
 VARIANTS = [  # (label, config kwargs)
     ("bf16 (ours)", dict(recipe="bf16")),
@@ -42,6 +49,8 @@ VARIANTS = [  # (label, config kwargs)
     ("tensorwise (dY e5m2)", dict(recipe="tensorwise")),
     ("tensorwise (dY e4m3)", dict(recipe="tensorwise", grad_format="e4m3")),
     ("tensorwise wgrad=bf16", dict(recipe="tensorwise", wgrad="bf16")),
+    ("tensorwise delayed (dY e5m2)", dict(recipe="tensorwise", scaling="delayed")),
+    ("tensorwise delayed wgrad=bf16", dict(recipe="tensorwise", scaling="delayed", wgrad="bf16")),
     ("mxfp8 (hopper: emulate)", dict(recipe="mxfp8", mx_on_hopper="emulate")),
     ("mxfp8 (hopper: as blockwise)", dict(recipe="mxfp8", mx_on_hopper="blockwise")),
 ]
@@ -110,6 +119,7 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
                 ok = (bits_equal(a.data, ra.data) and bits_equal(b.data, rb.data)
                       and bits_equal(a.scale.reshape(1), ra.scale.reshape(1)))
                 rows.append((f"tensorwise {fmt} both layouts {tag} {dt}", str(ok)))
+        rows += check_delayed_quantizer(x, xf, dev, dt)
         a, b, sums = mx.quantize_tensorwise_both(xf.to(dev), "e5m2", backend="triton", col_sums=True)
         ok = bits_equal(a.data, mx.quantize_tensorwise_ref(xf, 1, "e5m2").data)
         err = rel(sums.cpu(), xf.double().sum(0))
@@ -117,11 +127,65 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
     return rows
 
 
-def check_linears(dev: str) -> list[tuple[str, str]]:
-    return check_linears_dtype(dev, torch.float32) + check_linears_dtype(dev, torch.bfloat16)
+def check_delayed_quantizer(x: torch.Tensor, xf: torch.Tensor, dev: str, dt: torch.dtype) -> list[tuple[str, str]]:
+    """Delayed-scaling tensorwise cast (Triton on the GPU) against the reference over four steps of a window-2
+    history: step 0 without history (current scaling), then scales from earlier steps, the data growing 8x a step
+    (saturation), NaN/Inf in the last step; codes of both layouts, scale, history ring, column sums."""
+    rows = []
+    for fmt in ("e4m3", "e5m2"):
+        h_ref, h_gpu = mx.new_amax_history(2)[0], mx.new_amax_history(2, dev)[0]
+        ok, err = True, 0.0
+        for step in range(4):
+            src = (x if step == 3 else xf) * 8.0**step
+            d_ref, d_gpu = (mx.DelayedScale(h, step, 2, use_history=step > 0) for h in (h_ref, h_gpu))
+            a, b = mx.quantize_tensorwise_both(src, fmt, backend="ref", delayed=d_ref)
+            c, d, sums = mx.quantize_tensorwise_both(src.to(dev), fmt, backend="triton", col_sums=True, delayed=d_gpu)
+            ok &= (bits_equal(a.data, c.data) and bits_equal(b.data, d.data) and torch.equal(h_ref, h_gpu.cpu())
+                   and bits_equal(a.scale.reshape(1), c.scale.reshape(1)))
+            if step < 3:
+                err = max(err, rel(sums.cpu(), src.double().sum(0)))
+        rows.append((f"tensorwise delayed {fmt} both layouts, 4 steps (saturation, NaN/Inf) {dt}: bit-exact, "
+                     "column sums rel. err", f"{ok} {err:.1e}"))
+    return rows
 
 
-def check_linears_dtype(dev: str, dtype: torch.dtype) -> list[tuple[str, str]]:
+def check_delayed_linear(dev: str) -> list[tuple[str, str]]:
+    """Delayed-scaling tensorwise layer over three steps: native against its emulation (same histories) and
+    against a float64 linear, per step (step 0 runs current scaling)."""
+    rows = []
+    torch.manual_seed(3)
+    m, k, n = 1000, 1024, 512
+    base = nn.Linear(k, n, device=dev, dtype=torch.bfloat16)
+    lins = {e: Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise", scaling="delayed", emulate=e))
+            for e in (False, True)}
+    for step in range(3):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16) * (1 + step)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        xd = x.double().requires_grad_()
+        wd = base.weight.detach().double().requires_grad_()
+        (xd @ wd.t() + base.bias.double()).backward(dy.double())
+        out = {}
+        for e, lin in lins.items():
+            xi = x.clone().requires_grad_()
+            base.weight.grad = base.bias.grad = None
+            y = lin(xi)
+            y.backward(dy)
+            out[e] = (y.detach(), xi.grad, base.weight.grad.clone(), base.bias.grad.clone())
+        f64 = ((xd @ wd.t() + base.bias.double()).detach(), xd.grad, wd.grad, dy.double().sum(0))
+        rows.append((f"tensorwise delayed step {step}: native vs emulated (y, dx, dW, db)",
+                     " ".join(f"{rel(a, b):.1e}" for a, b in zip(out[False], out[True]))))
+        rows.append((f"tensorwise delayed step {step}: native vs float64 (y, dx, dW, db)",
+                     " ".join(f"{rel(a, b):.1e}" for a, b in zip(out[False], f64))))
+        fp8_step()
+    return rows
+
+
+def check_linears(dev: str, variants=VARIANTS) -> list[tuple[str, str]]:
+    return (check_linears_dtype(dev, torch.float32, variants) + check_linears_dtype(dev, torch.bfloat16, variants)
+            + check_delayed_linear(dev))
+
+
+def check_linears_dtype(dev: str, dtype: torch.dtype, variants=VARIANTS) -> list[tuple[str, str]]:
     rows = []
     torch.manual_seed(2)
     m, k, n = 1000, 1024, 512  # tokens not a multiple of 128: exercises the padded wgrad
@@ -132,7 +196,7 @@ def check_linears_dtype(dev: str, dtype: torch.dtype) -> list[tuple[str, str]]:
     wd = base.weight.detach().double().requires_grad_()
     yd = xd @ wd.t() + base.bias.double()
     yd.backward(dy.double())
-    for label, kw in VARIANTS:
+    for label, kw in variants:
         try:
             out = {}
             for emulate in (False, True):
@@ -153,7 +217,7 @@ def check_linears_dtype(dev: str, dtype: torch.dtype) -> list[tuple[str, str]]:
     return rows
 
 
-def time_linears(dev: str, shapes) -> list[dict]:
+def time_linears(dev: str, shapes, variants=VARIANTS) -> list[dict]:
     results = []
     for name, m, k, n in shapes:
         torch.manual_seed(0)
@@ -167,13 +231,14 @@ def time_linears(dev: str, shapes) -> list[dict]:
                 base.weight.grad = None
                 base.bias.grad = None
                 mod(x).backward(dy)
+                fp8_step()  # the optimizer step of a training loop: delayed scaling moves to the next step
             return f
 
         flops = 3 * 2 * m * k * n
         t_ref = bench(step(base))
         results.append(dict(shape=f"{name} {m}x{k}->{n}", variant="bf16 nn.Linear", ms=t_ref, ratio=1.0,
                             tflops=flops / t_ref / 1e9))
-        if m * k * n <= 2**34:  # small layers: launch overhead dominates; CUDA graphs remove it
+        if m * k * n <= 2**34 and variants is VARIANTS:  # small layers: launch overhead dominates; CUDA graphs remove it
             for label, mod in (("bf16 nn.Linear", base),
                                ("blockwise", Fp8Linear.from_linear(base, Fp8Config(recipe="blockwise")))):
                 try:
@@ -185,7 +250,7 @@ def time_linears(dev: str, shapes) -> list[dict]:
                     results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=f"{label} (CUDA graph)",
                                         ms=float("nan"), ratio=float("nan"), tflops=float("nan"),
                                         error=f"{type(e).__name__}: {e}"[:200]))
-        for label, kw in VARIANTS:
+        for label, kw in variants:
             try:
                 t = bench(step(Fp8Linear.from_linear(base, Fp8Config(**kw))))
                 results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=label, ms=t, ratio=t_ref / t,
@@ -197,14 +262,48 @@ def time_linears(dev: str, shapes) -> list[dict]:
     return results
 
 
-def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
+def time_delayed_casts(x: torch.Tensor, copy_bw: float) -> list[dict]:
+    """The delayed-scaling cast pass alone (history present: no amax pass) on x, over a tile sweep; the best tile
+    becomes ``TENSORWISE_TILES`` (the current-scaling cast pass is the same kernel)."""
+    hist = mx.new_amax_history(16, x.device)[0]
+    mx.quantize_tensorwise(x, 1, "e4m3", delayed=mx.DelayedScale(hist, 0, 16, False))  # step 0 fills the ring
+    d = mx.DelayedScale(hist, 1, 16, True)
+    n = x.numel()
+    out, best = [], None
+    for tiles in [(64, 128, 4), (128, 128, 8), (128, 64, 4), (32, 256, 4), (64, 256, 8), (128, 128, 4),
+                  (64, 128, 8)]:
+        try:
+            t = bench(lambda tiles=tiles: mx_triton.quantize_tensorwise(
+                x, True, True, "e4m3", tiles=tiles, history=d.history, step=1, window=16, use_history=True), rep=100)
+        except Exception as e:
+            print(f"tile {tiles} for the delayed cast failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+            continue
+        bw = (x.element_size() * n + 2 * n) / t / 1e9
+        out.append(dict(kernel=f"tensorwise delayed both layouts, one pass, tiles {list(tiles)}", ms=t, tbps=bw,
+                        pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
+        if best is None or t < best[0]:
+            best = (t, tiles)
+    mx_triton.TENSORWISE_TILES = tuple(best[1])
+    out.sort(key=lambda r: r["ms"])
+    out = out[:3]
+    for label, row, col, cs in (("rows, one pass", True, False, False),
+                                ("both layouts + column sums (dY in the backward)", True, True, True)):
+        t = bench(lambda row=row, col=col, cs=cs: mx_triton.quantize_tensorwise(
+            x, row, col, "e5m2", col_sums=cs, history=d.history, step=1, window=16, use_history=True), rep=100)
+        bw = (x.element_size() * n + (row + col) * n) / t / 1e9
+        out.append(dict(kernel=f"tensorwise delayed {label}", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw,
+                        tiles=list(best[1])))
+    return out
+
+
+def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tuple[float, list[dict]]:
     torch.manual_seed(0)
     r, c = 65536, 4096
     x = torch.randn(r, c, device=dev, dtype=torch.bfloat16)
     nbytes_in = x.numel() * 2
     t_copy = bench(lambda: x.clone())
     copy_bw = 2 * nbytes_in / t_copy / 1e9  # TB/s (bytes / ms / 1e9): read + write
-    out = []
+    out = time_delayed_casts(x, copy_bw)
     cases = [  # (label, block, e8m0, row, col)
         ("mx rows (1x32)", 32, True, True, False),
         ("mx cols (x^T layout)", 32, True, False, True),
@@ -221,7 +320,7 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         (128, "col"): [(128, 64, 8), (128, 32, 4), (128, 64, 4), (128, 128, 8)],
         (128, "both"): [(128, 128, 8), (128, 64, 8), (128, 64, 4), (128, 128, 16)],
     }
-    for label, blk, e8, row, col in cases:
+    for label, blk, e8, row, col in ([] if only_tensorwise else cases):
         mode = "both" if (row and col) else ("row" if row else "col")
         outs = (row + col) * (x.numel() + x.numel() // blk * (1 if e8 else 4))
         best = None
@@ -237,21 +336,12 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
         mx_triton.TILES[(blk, mode)] = tuple(tiles)
         bw = (nbytes_in + outs) / t / 1e9
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
-    for label, row, col in (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True)):
+    for label, row, col in (() if only_tensorwise else
+                            (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True))):
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
-    tw_tiles = [(64, 128, 4), (128, 128, 8), (128, 64, 4), (32, 256, 4), (64, 256, 8)]
-    best = None
-    for tiles in tw_tiles:  # always swept (new kernel); the dual-layout cast pass decides the tile
-        try:
-            t = bench(lambda tiles=tiles: mx_triton.quantize_tensorwise(x, True, True, "e4m3", tiles=tiles), rep=100)
-        except Exception as e:
-            print(f"tile {tiles} for tensorwise failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-            continue
-        if best is None or t < best[0]:
-            best = (t, tiles)
-    mx_triton.TENSORWISE_TILES = tuple(best[1])
+    best = (None, mx_triton.TENSORWISE_TILES)  # picked by the delayed cast's sweep (same kernel)
     t_amax = bench(lambda: mx_triton.tensorwise_amax(x), rep=100)
     for label, row, col in (("tensorwise rows (amax pass + cast pass)", True, False),
                             ("tensorwise both layouts (amax pass + one cast pass)", True, True)):
@@ -261,6 +351,8 @@ def time_quantizers(dev: str, sweep: bool) -> tuple[float, list[dict]]:
     bw = nbytes_in / t_amax / 1e9
     out.append(dict(kernel="tensorwise amax pass alone (read only)", ms=t_amax, tbps=bw, pct_copy=100 * bw / copy_bw,
                     tiles=list(mx_triton.TENSORWISE_AMAX_TILES)))
+    if only_tensorwise:
+        return copy_bw, out
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9
@@ -323,6 +415,7 @@ def _fwd_bwd(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, base: nn.Linear,
         y = mod(x)
         if backward:
             y.backward(dy)
+        fp8_step()  # the optimizer step of a training loop: delayed scaling moves to the next step
     return f
 
 
@@ -414,8 +507,10 @@ def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, s
 
     x, dy, base = _layer_inputs(dev, m, k, n)
     tw = Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise"))
+    twd = Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise", scaling="delayed"))
     profs = {"bf16 nn.Linear": _kernel_profile(_fwd_bwd(base, x, dy, base), steps),
-             "tensorwise (dY e5m2)": _kernel_profile(_fwd_bwd(tw, x, dy, base), steps)}
+             "tensorwise (dY e5m2)": _kernel_profile(_fwd_bwd(tw, x, dy, base), steps),
+             "tensorwise delayed (dY e5m2)": _kernel_profile(_fwd_bwd(twd, x, dy, base), steps)}
     fp8_linear.FUSED_BIAS_GRAD.discard("tensorwise")
     try:
         profs["tensorwise, db as a separate sum"] = _kernel_profile(_fwd_bwd(tw, x, dy, base), steps)
@@ -432,6 +527,7 @@ def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, s
 
     add("bf16 nn.Linear fwd+bwd", t_ref)
     add("tensorwise fwd+bwd", bench(_fwd_bwd(tw, x, dy, base)))
+    add("tensorwise delayed fwd+bwd", bench(_fwd_bwd(twd, x, dy, base)))
     fp8_linear.FUSED_BIAS_GRAD.discard("tensorwise")
     try:
         add("tensorwise fwd+bwd, db as a separate sum (before)", bench(_fwd_bwd(tw, x, dy, base)))
@@ -452,20 +548,78 @@ def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, s
     t_fwd = bench(_fwd_bwd(base, x, dy, base, backward=False))
     add("bf16 nn.Linear fwd only", t_fwd, t_fwd)
     add("tensorwise fwd only (both layouts of x kept)", bench(_fwd_bwd(tw, x, dy, base, backward=False)), t_fwd)
+    add("tensorwise delayed fwd only", bench(_fwd_bwd(twd, x, dy, base, backward=False)), t_fwd)
     x2, dy2, base2 = _layer_inputs(dev, m, k, n, bias=False)
     t_nb = bench(_fwd_bwd(base2, x2, dy2, base2))
     add("bf16 nn.Linear fwd+bwd, no bias", t_nb, t_nb)
     add("tensorwise fwd+bwd, no bias", bench(_fwd_bwd(Fp8Linear.from_linear(base2, Fp8Config(recipe="tensorwise")),
                                                      x2, dy2, base2)), t_nb)
-    return dict(profiles=profs, ablations=abl)
+    add("tensorwise delayed fwd+bwd, no bias", bench(_fwd_bwd(Fp8Linear.from_linear(base2, Fp8Config(
+        recipe="tensorwise", scaling="delayed")), x2, dy2, base2)), t_nb)
+    return dict(profiles=profs, ablations=abl, host=host_costs(dev))
+
+
+def host_costs(dev: str, calls: int = 300) -> list[dict]:
+    """Host time per call of the pieces of a tensorwise step, on tiny operands (256 x 256 -> 256) so the GPU
+    never holds the host back: wall time over ``calls`` back-to-back calls, then one sync."""
+    from kernels.fp8_linear import _Plan
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    base = nn.Linear(256, 256, device=dev, dtype=torch.bfloat16)
+    xd = x.detach()
+    hist = mx.new_amax_history(16, dev)[0]
+    mx.quantize_tensorwise(xd, 1, delayed=mx.DelayedScale(hist, 0, 16, False))
+    d1 = mx.DelayedScale(hist, 1, 16, True)
+    qa, qb = mx.quantize_tensorwise_both(xd)
+    bias = base.bias.detach()
+    plan = _Plan.make(Fp8Config(recipe="tensorwise"), xd, "host_costs")
+    cases = [
+        ("torch.empty (one allocation)", lambda: torch.empty(256, 256, device=dev)),
+        ("torch.zeros(1) (allocation + fill launch)", lambda: torch.zeros(1, dtype=torch.int32, device=dev)),
+        ("tensorwise amax pass (zero fill + Triton launch)", lambda: mx_triton.tensorwise_amax(xd)),
+        ("tensorwise quantize, both layouts, current (zero fill, amax, cast)", lambda: mx.quantize_tensorwise_both(xd)),
+        ("tensorwise quantize, both layouts, delayed (one cast launch)",
+         lambda: mx.quantize_tensorwise_both(xd, delayed=d1)),
+        ("torch._scaled_mm tensorwise, bias epilogue", lambda: plan.gemm(qa, qb, torch.bfloat16, bias=bias,
+                                                                          fast_accum=True)),
+        ("torch._scaled_mm tensorwise, no bias", lambda: plan.gemm(qa, qb, torch.bfloat16)),
+        ("bf16 nn.Linear fwd+bwd", _fwd_bwd(base, x, dy, base)),
+        ("tensorwise Fp8Linear fwd+bwd", _fwd_bwd(Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise")),
+                                                  x, dy, base)),
+        ("tensorwise delayed Fp8Linear fwd+bwd", _fwd_bwd(Fp8Linear.from_linear(base, Fp8Config(
+            recipe="tensorwise", scaling="delayed")), x, dy, base)),
+    ]
+    out = []
+    for label, f in cases:
+        for _ in range(20):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        host = (time.perf_counter() - t0) * 1e6 / calls
+        torch.cuda.synchronize()
+        out.append(dict(op=label, host_us=host))
+    return out
 
 
 def print_profile(res: dict, amax: list[dict]) -> None:
+    if amax:
+        _print_amax(amax)
+    _print_profile(res)
+
+
+def _print_amax(amax: list[dict]) -> None:
     print("\n## tensorwise amax pass on 65536x4096 bf16 (tiles x programs; read-only TB/s; best first)")
     print("| tiles (rows, cols, warps) | programs | ms | ms with column sums | TB/s | % of copy |\n|---|---|---|---|---|---|")
     for r in sorted(amax, key=lambda r: r["ms_colsum"])[:6]:
         print(f"| {r['tiles']} | {r['programs']} | {r['ms']:.3f} | {r['ms_colsum']:.3f} | {r['tbps']:.2f} | "
               f"{r['pct_copy']:.0f}% |")
+
+
+def _print_profile(res: dict) -> None:
     print("\n## profile, one fwd+bwd step of 65536x1024->4096 (per step; wall = CUDA events over back-to-back steps)")
     print("| variant | wall ms | GPU busy ms | idle ms | kernel sum ms | launches | host enqueue ms | host waits |")
     print("|---|---|---|---|---|---|---|---|")
@@ -473,14 +627,19 @@ def print_profile(res: dict, amax: list[dict]) -> None:
         waits = ", ".join(f"{k} {v:g}" for k, v in p["host_waits"].items()) or "none"
         print(f"| {name} | {p['wall_ms']:.3f} | {p['busy_ms']:.3f} | {p['wall_ms'] - p['busy_ms']:.3f} | "
               f"{p['kernel_ms']:.3f} | {p['launches']:g} | {p['host_ms']:.3f} | {waits} |")
-    for name in ("bf16 nn.Linear", "tensorwise (dY e5m2)"):
+    for name in ("bf16 nn.Linear", "tensorwise (dY e5m2)", "tensorwise delayed (dY e5m2)"):
         print(f"\n### top kernels by CUDA time: {name}\n| kernel | ms/step | calls/step |\n|---|---|---|")
         for r in res["profiles"][name]["top"]:
             print(f"| {r['kernel'][:90]} | {r['ms']:.3f} | {r['calls']:g} |")
-    top = res["profiles"]["tensorwise (dY e5m2)"].get("host_top", [])
-    print("\n### top host (CPU) ops by self time, tensorwise, under the profiler\n| op | ms/step | calls/step |\n|---|---|---|")
-    for r in top:
-        print(f"| {r['op'][:90]} | {r['self_cpu_ms']:.3f} | {r['calls']:g} |")
+    for name in ("bf16 nn.Linear", "tensorwise (dY e5m2)", "tensorwise delayed (dY e5m2)"):
+        print(f"\n### top host (CPU) ops by self time under the profiler: {name}\n| op | ms/step | calls/step |\n"
+              "|---|---|---|")
+        for r in res["profiles"][name].get("host_top", []):
+            print(f"| {r['op'][:90]} | {r['self_cpu_ms']:.3f} | {r['calls']:g} |")
+    print("\n## host time per call, tiny operands (256x256 -> 256; the GPU never waits for the host to be ahead)")
+    print("| op | host us/call |\n|---|---|")
+    for r in res.get("host", []):
+        print(f"| {r['op']} | {r['host_us']:.1f} |")
     print("\n## tensorwise ablations (do_bench medians; ratio = bf16 time of the same kind / variant)")
     print("| variant | ms | ratio |\n|---|---|---|")
     for r in res["ablations"]:
@@ -494,14 +653,18 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="try several tile shapes per quantizer")
     ap.add_argument("--profile", action="store_true",
                     help="first: amax sweep, kernel tables and ablations of the tensorwise layer")
+    ap.add_argument("--only", default=None, help="comma-separated variant label prefixes, e.g. tensorwise")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    prefixes = tuple(p.strip() for p in args.only.split(",")) if args.only else None
+    variants = [v for v in VARIANTS if v[0].startswith(prefixes)] if prefixes else VARIANTS
+    only_tw = prefixes == ("tensorwise",)
     dev = "cuda"
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     prof = None
     if args.profile:
         try:
-            amax = sweep_amax(dev)
+            amax = sweep_amax(dev) if args.sweep else []
             prof = profile_tensorwise(dev)
             print_profile(prof, amax)
             if args.json:
@@ -513,11 +676,11 @@ def main() -> None:
             traceback.print_exc()
             print(f"\n## profile FAILED: {type(e).__name__}: {str(e)[:300]}")
         sys.stdout.flush()
-    checks = check_quantizers(dev) + check_linears(dev)
-    copy_bw, quant = time_quantizers(dev, args.sweep)  # first: the linears then use the best tiles
+    checks = check_quantizers(dev) + check_linears(dev, variants)
+    copy_bw, quant = time_quantizers(dev, args.sweep, only_tw)  # first: the linears then use the best tiles
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
     gemms = time_gemms(dev)
-    lin = time_linears(dev, shapes)
+    lin = time_linears(dev, shapes, variants)
     print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES, "amax:",
           mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS)
     if args.json:

@@ -459,7 +459,7 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
     else:
         code = tl.where(bad, 0x7F, code).to(tl.uint8)
     if RECORD:  # skip the atomic where the slot already holds a larger value (most tiles, after the first)
-        packed = (STEP.to(tl.int64) << 31) | tl.max(tl.max(ab, axis=1), axis=0).to(tl.int64)
+        packed = (tl.cast(STEP, tl.int64) << 31) | tl.max(tl.max(ab, axis=1), axis=0).to(tl.int64)
         slot = hist_ptr + STEP % NSLOT
         tl.atomic_max(slot, packed, mask=packed > tl.load(slot))
     if COLSUM:

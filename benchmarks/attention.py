@@ -5,6 +5,7 @@
                                                   # comma-separated part of one '|'-separated alternative
     python benchmarks/attention.py bench A B          # batches A and B (device README), issue-4 rows
     python benchmarks/attention.py bench A rows=biasparts   # what each bias table costs (ours only)
+    python benchmarks/attention.py bench B calls=5    # ... timing 5 back-to-back calls per measurement
     python benchmarks/attention.py local              # block-local / window section (issue 5)
     python benchmarks/attention.py local 4096 calls=5 # ... timing 5 back-to-back calls per measurement
     python benchmarks/attention.py blockcheck         # the one-pass block kernels vs float64 (issue 5)
@@ -175,9 +176,15 @@ def _block_mask(create_block_mask, mask_mod, q_len: int, kv_len: int):
         return create_block_mask(mask_mod, None, None, q_len, kv_len, device="cuda")
 
 
+# Back-to-back calls per timing for the bench section (``bench ... calls=N``; every row and baseline alike).
+BENCH_CALLS = 1
+
+
 def _time_pair(fwd: Callable[[], torch.Tensor], grad: torch.Tensor, params: list[torch.Tensor],
-               calls: int = 1) -> tuple[float, float]:
-    """(forward ms, forward+backward ms); ``calls`` back-to-back calls per timing (``cuda_time``)."""
+               calls: int | None = None) -> tuple[float, float]:
+    """(forward ms, forward+backward ms); ``calls`` back-to-back calls per timing (``cuda_time``; default
+    ``BENCH_CALLS``), reported per call."""
+    calls = calls or BENCH_CALLS
     def fb() -> None:
         for p in params:
             p.grad = None
@@ -222,7 +229,7 @@ def bench(name: str, only: set[str] | None = None) -> list[str]:
     dop = _padded(do, offs, lens, max_len).detach()
     pad_ratio = B * max_len / T
     rows = [f"### Batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, bf16, ΣL={T} "
-            f"(padded box {pad_ratio:.2f}x real tokens)", "",
+            f"(padded box {pad_ratio:.2f}x real tokens), {BENCH_CALLS} back-to-back call(s) per timing", "",
             "| row | impl | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | ours vs this (fwd / fwd+bwd) |",
             "|---|---|---|---|---|---|---|"]
 
@@ -463,9 +470,11 @@ def main(argv: list[str]) -> None:
     if what == "check":  # check [SHARD SHARDS] [match=A,B|C]
         match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)
         out = check(*(int(a) for a in argv[2:4] if not a.startswith("match=")), match=match)
-    elif what == "bench":  # bench [A] [B] [rows=softmax,bias,biasparts,cross,silu]
+    elif what == "bench":  # bench [A] [B] [rows=softmax,bias,biasparts,cross,silu] [calls=N]
+        global BENCH_CALLS
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
-        for name in [a for a in argv[2:] if not a.startswith("rows=")] or ["A", "B"]:
+        BENCH_CALLS = next((int(a[6:]) for a in argv[2:] if a.startswith("calls=")), 1)
+        for name in [a for a in argv[2:] if not a.startswith(("rows=", "calls="))] or ["A", "B"]:
             out += bench(name, only) + [""]
     elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
         out = fp8(argv[2] if len(argv) > 2 else "A")

@@ -242,8 +242,8 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|"]
     cands = {"fwd": [(32, 4, 3, False), (64, 4, 2, False), (32, 4, 2, False)],
              "two": [wop.CONFIG["dq"]],
-             "fused": [(64, 4, 2, False), (64, 4, 2, True), (64, 8, 2, False), (64, 8, 2, True), (64, 4, 3, False)],
-             "dsq": [(64, 8, 2, False), (64, 4, 2, False), (64, 8, 3, False)]}
+             "fused": [(64, 4, 2, False), (64, 4, 3, False), (64, 4, 2, True)],
+             "dsq": [(64, 8, 2, True), (64, 8, 2, False), (64, 4, 2, True), (64, 8, 3, True)]}
     out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
     ops = {"fwd": lambda: torch.ops.gemtrain.window_attn_fwd(q, k, v, *args),
            "bwd": lambda: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)}
@@ -274,11 +274,55 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
     return rows
 
 
+def windowprofile(L: int = 4096, W: int = 256) -> list[str]:
+    """Device time of each kernel of the window backward op at L (causal softmax, no bias, the configuration
+    in ``attention_window_op.CONFIG``), per backward: the two-kernel one and the fused one (dS scratch through
+    tensor descriptors, then through pointers). Mean over 20 calls (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels import attention_window_op as wop
+
+    H, D, tokens = 8, 128, 1 << 17
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
+    work = wop.window_work(offs, tokens, wop.TILE)
+    args = (offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(D), W, 0, work)
+    out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
+    rows = [f"### Window backward kernels, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax", "",
+            "| backward | dS descriptors | kernel | ms per call |", "|---|---|---|---|"]
+    saved = (wop.BACKWARD, wop.CONFIG["dsq"])
+    try:
+        for path, flag in (("two", None), ("fused", True), ("fused", False)):
+            wop.BACKWARD = path
+            if flag is not None:
+                wop.CONFIG["dsq"] = saved[1][:3] + (flag,)
+            for _ in range(3):
+                torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)
+                torch.cuda.synchronize()
+            total = 0.0
+            for e in prof.key_averages():
+                ms = e.self_device_time_total / 20 / 1e3
+                if ms > 0.001:
+                    total += ms
+                    rows.append(f"| {path} | {flag} | {e.key[:60]} | {ms:.3f} |")
+            rows.append(f"| {path} | {flag} | all | {total:.3f} |")
+            print("\n".join(rows[-4:]), flush=True)
+    finally:
+        wop.BACKWARD, wop.CONFIG["dsq"] = saved
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------- fp8
 
 
 def main(what: str, args: list[str]) -> list[str]:
-    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``."""
+    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``,
+    ``windowprofile [L] [W]``."""
     if what == "local":  # local [L ...] [calls=N] [tune]: "tune" runs windowtune first and keeps its choice
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
         tuned = windowtune() if "tune" in args else []
@@ -289,6 +333,8 @@ def main(what: str, args: list[str]) -> list[str]:
         return windowcheck()
     if what == "windowtune":
         return windowtune(*(int(a) for a in args[:2]))
+    if what == "windowprofile":
+        return windowprofile(*(int(a) for a in args[:2]))
     return blocksweep(*(int(a) for a in args[:1]))
 
 

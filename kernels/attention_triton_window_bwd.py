@@ -6,17 +6,19 @@ tile, key tile) pair twice, once for dq and once for dk/dv: 7 tile matmuls per p
 * ``window_attn_bwd_dkdv_ds_kernel``: one program per (key tile, head), looping over the query tiles that
   see it (every tile masked, one pipelined loop): S, dP, dV += P^T dO, dK += dS^T Q as in the dk/dv
   kernel, and it stores the pair's dS (in the inputs' dtype: what the dq matmul reads anyway) into a
-  scratch ``DS[h, slot, token, key]``, ``slot = query tile - key tile (+ NB when not causal)``, ``NB``
-  the key tiles a window reaches on one side. Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
+  scratch of whole tiles ``DS[h, slot, query tile's work item, query, key]``, ``slot = query tile - key tile
+  (+ NB when not causal)``, ``NB`` the key tiles a window reaches on one side (the query tile's work item
+  follows from the key tile's: a row's tiles are consecutive items, its last tile first, ``work_list``).
+  Whole tiles (the rows past a jagged row's end are the tile's own) go through bulk tensor copies (``DS_TMA``). Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
   computed in the loop from the o tile (``DELTA_INLINE``) or read from ``window_delta_kernel``'s output.
 * ``window_attn_bwd_dq_ds_kernel``: one program per (query tile, head): dq = sum over its key tiles of
   dS K (one matmul per pair).
 
 So 5 tile matmuls per pair, no atomics on q/k/v gradients, no ordering between programs, any mask the
-window kernels serve (causal or not, targets). The price is the dS scratch, ``H * slots * tokens * tile``
-elements, ``slots = NB + 1`` (causal) or ``2 NB + 1``: the op takes this path only for short windows.
-Every (query row, slot) the dq kernel reads is written by the program of that key tile (zeros where the
-pair sees nothing), so the scratch needs no zero fill. Outer and inner tiles are one size (``TILE``).
+window kernels serve (causal or not, targets). The price is the dS scratch, ``H * slots * work items *
+tile * tile`` elements (about ``H * slots * tokens * tile``), ``slots = NB + 1`` (causal) or ``2 NB + 1``: the op takes this path only for short windows.
+Every (query tile, slot) the dq kernel reads is written whole by the program of that key tile (zeros where
+the pair sees nothing), so the scratch needs no zero fill. Outer and inner tiles are one size (``TILE``).
 """
 
 from __future__ import annotations
@@ -57,25 +59,30 @@ def window_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl
 
 
 @triton.jit
-def _ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS: tl.constexpr, TILE: tl.constexpr):
-    """[rows, TILE] addresses of the dS scratch of query tokens ``start + offs_m`` in ``slot``."""
-    base = (h * SLOTS + slot).to(tl.int64) * n_tokens + start + offs_m
-    return DS + base[:, None] * TILE + tl.arange(0, TILE)[None, :]
+def _ds_row0(h, slot, item, n_items, SLOTS: tl.constexpr, TILE: tl.constexpr):
+    """First scratch row (int64) of the dS tile of (head, slot, query tile ``item`` of the work list)."""
+    return ((h * SLOTS + slot).to(tl.int64) * n_items + item) * TILE
+
+
+@triton.jit
+def _ds_tile_ptrs(DS, row0, TILE: tl.constexpr):
+    r = tl.arange(0, TILE)
+    return DS + (row0 + r)[:, None] * TILE + r[None, :]
 
 
 @triton.jit
 def _dkdv_ds_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
-    h, slot, n_tokens, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
+    h, ds_row0, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
     qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
     POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, DELTA_INLINE: tl.constexpr,
-    SLOTS: tl.constexpr,
+    DS_TMA: tl.constexpr,
 ):
-    """One query tile of the fused loop (``_dkdv_tile``, masked, plus the dS store; every query row of
-    the tile inside the row gets its dS row, zeros where it sees no key of the tile)."""
+    """One query tile of the fused loop (``_dkdv_tile``, masked, plus the store of the pair's whole dS tile
+    at scratch row ``ds_row0``, zeros where a query sees no key of the tile)."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, start, start_m, L, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, True, EVEN_D, USE_TMA, HAS_TIME)
     tq_min = 0
@@ -100,7 +107,10 @@ def _dkdv_ds_tile(
             delta = load_vec(DELTA + (start + offs_m) * H + h, m_ok, 0.0, True)
     p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, True)
     ds_lo = ds.to(q.dtype)
-    tl.store(_ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS, BLOCK_N), ds_lo, mask=m_ok[:, None])
+    if DS_TMA:
+        DSD.store([ds_row0.to(tl.int32), 0], ds_lo)
+    else:
+        tl.store(_ds_tile_ptrs(DS, ds_row0, BLOCK_N), ds_lo)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds_lo), q, input_precision=PREC)
     if HAS_POS or HAS_TIME:
@@ -117,13 +127,14 @@ def _dkdv_ds_tile(
 
 @triton.jit
 def window_attn_bwd_dkdv_ds_kernel(
-    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, DS, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
-    scale, norm_const, window, n_tokens,
+    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, DS, DSD, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS,
+    KTS, scale, norm_const, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
     TIME_PAD: tl.constexpr, DELTA_INLINE: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
+    DS_TMA: tl.constexpr,
 ):
     """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring)."""
     row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
@@ -154,6 +165,7 @@ def window_attn_bwd_dkdv_ds_kernel(
         lo = (tl.maximum(n0 - window, 0) // BLOCK_M) * BLOCK_M
     hi = tl.minimum(k_last + window + 1, L)
     j = n0 // BLOCK_N
+    item_j = tl.program_id(0) // H  # a row's tiles are consecutive work items, its last tile first
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dpos = tl.zeros([POS_PAD], dtype=tl.float32)
@@ -161,10 +173,10 @@ def window_attn_bwd_dkdv_ds_kernel(
     for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
         dk, dv, dpos, dtime = _dkdv_ds_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
-            h, start_m // BLOCK_M - j + SLOT0, n_tokens, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, QTS, POSW, TIMEW,
-            DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS,
-            NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE,
-            SLOTS)
+            h, _ds_row0(h, start_m // BLOCK_M - j + SLOT0, item_j + j - start_m // BLOCK_M, n_items, SLOTS, BLOCK_N),
+            Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
+            bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
+            TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA)
     if HAS_POS:
         flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
     if HAS_TIME:
@@ -176,14 +188,12 @@ def window_attn_bwd_dkdv_ds_kernel(
 
 @triton.jit
 def window_attn_bwd_dq_ds_kernel(
-    K, KD, DS, DSD, DQ, OFF, WORK, scale, window, n_tokens,
+    K, KD, DS, DSD, DQ, OFF, WORK, scale, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr, SLOTS: tl.constexpr,
     SLOT0: tl.constexpr, DS_TMA: tl.constexpr,
 ):
-    """dq of one query tile: the sum over the key tiles it sees of dS (from the scratch) times K. ``DS_TMA``:
-    dS tiles through ``DSD``, a descriptor over the scratch as ``[H * SLOTS * tokens, TILE]`` (rows past the
-    jagged row hold other tokens' dS, which reach only dq rows that are not stored)."""
+    """dq of one query tile: the sum over the key tiles it sees of dS (from the scratch) times K."""
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
@@ -198,13 +208,14 @@ def window_attn_bwd_dq_ds_kernel(
     if not CAUSAL:
         hi = tl.minimum(L, last + window + 1)
     i = m0 // BLOCK_M
+    item = tl.program_id(0) // H
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start_n in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
-        slot = i - start_n // BLOCK_M + SLOT0
+        row0 = _ds_row0(h, i - start_n // BLOCK_M + SLOT0, item, n_items, SLOTS, BLOCK_M)
         if DS_TMA:
-            ds = DSD.load([((h * SLOTS + slot) * n_tokens + start + m0).to(tl.int32), 0])
+            ds = DSD.load([row0.to(tl.int32), 0])
         else:
-            ds = tl.load(_ds_rows(DS, h, slot, n_tokens, start, offs_m, SLOTS, BLOCK_M), mask=m_ok[:, None], other=0.0)
+            ds = tl.load(_ds_tile_ptrs(DS, row0, BLOCK_M))
         offs_n = start_n + tl.arange(0, BLOCK_M)
         k_rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
         # dS is zero at keys past the row (TMA tiles read the next row's there, finite)

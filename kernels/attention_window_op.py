@@ -55,12 +55,13 @@ TILE = 64
 CONFIG: dict[str, tuple[int, int, int, bool]] = {
     "fwd": (32, 4, 3, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
     # The fused backward (attention_triton_window_bwd): its inner tiles are the outer tile, so the first entry
-    # is unused; the last one of "fused" computes delta = rowsum(dO . o) in the dk/dv loop (else one pass first).
-    "fused": (64, 4, 2, False), "dsq": (64, 8, 2, False)}
+    # is unused; the last one of "fused" computes delta = rowsum(dO . o) in the dk/dv loop (else one pass first),
+    # that of "dsq" (its dq kernel) moves the dS scratch through tensor descriptors (bulk copies) where TMA is on.
+    "fused": (64, 4, 2, False), "dsq": (64, 8, 2, True)}
 # Backward: "fused" (dk, dv and the score gradients in one kernel, dq from those; where ``fused_slots`` allows)
 # or "two" (the dq kernel, then the dk/dv kernel, each computing the scores).
 BACKWARD = "fused"
-# The fused backward keeps the score gradients of every (query, key tile) pair: H * slots * tokens * TILE
+# The fused backward keeps the score gradients of every (query, key tile) pair: about H * slots * tokens * TILE
 # elements, slots = key tiles a query tile sees. Longer windows take the two-kernel backward.
 MAX_FUSED_SLOTS = 9
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
@@ -160,7 +161,10 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     cfg = CONFIG["fused"]
     inline = cfg[3] or activation != "softmax"  # delta is softmax's alone
     work = common_args[1]
-    ds = _unset(q, (q.shape[1] * slots, q.shape[0], tile))  # every element the dq kernel reads is written
+    rows = q.shape[1] * slots * work.shape[0] * tile
+    ds = _unset(q, (rows, tile))  # every tile the dq kernel reads is written whole
+    ds_tma = tma and CONFIG["dsq"][3] and rows < 2**31  # descriptor coordinates are int32
+    ds_desc = TensorDescriptor(ds, [rows, tile], [tile, 1], [tile, tile]) if ds_tma else ds
     dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
     delta = lse
     if not inline:
@@ -169,15 +173,13 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
     del meta["ONE_LOOP"]
     window_attn_bwd_dkdv_ds_kernel[grid](
-        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, dk, dv,
-        offsets, *common_args, *table_grads, *times, *scalars, q.shape[0], **meta, DELTA_INLINE=inline,
-        SLOTS=slots, SLOT0=slot0,
+        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, ds_desc,
+        dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta, DELTA_INLINE=inline,
+        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma,
     )
     cfg = CONFIG["dsq"]
-    ds_tma = tma and ds.numel() // tile < 2**31  # descriptor coordinates are int32
-    ds_desc = TensorDescriptor(ds, [ds.numel() // tile, tile], [tile, 1], [tile, tile]) if ds_tma else ds
     window_attn_bwd_dq_ds_kernel[grid](
-        k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], q.shape[0], **dims,
+        k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], work.shape[0], **dims,
         CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
         SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, num_warps=cfg[1],
     )

@@ -58,6 +58,9 @@ def test_window_kernels_empty_batch():
 
 @pytest.mark.parametrize("act", ["softmax", "gelu"])
 def test_keys_outside_the_window_do_not_touch_the_query(act):
+    from kernels import attention_window_op as wop
+
+    assert wop.fused_slots(20, True, 16)[0] > 0  # the fused backward serves these calls
     row, query, window = 3, 50, 20  # row of length 70; query 50 sees keys 30 .. 50
     base_p = _self_problem(seed=3, heads=1, bias=False)
     results = {}
@@ -128,3 +131,63 @@ def test_window_kernels_other_configurations(monkeypatch, config):
         monkeypatch.setitem(wop.CONFIG, name, config)
     p = _self_problem(seed=17, heads=1, bias=True, targets=True)
     assert_accurate(p, torch.float32, causal=True, window=36)
+
+
+class _Forbidden:
+    """A kernel that must not launch (fault injection: the backward's other path)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"{self.name} launched")
+
+
+def _forbid(monkeypatch, module, *names: str) -> None:
+    for name in names:
+        monkeypatch.setattr(module, name, _Forbidden(name))
+
+
+def test_fused_backward_slots():
+    from kernels import attention_window_op as wop
+
+    # W=36 over tiles of 16 reaches 3 key tiles back (and 3 ahead without causality): 4 slots, or 7 from slot 3.
+    assert wop.fused_slots(36, True, 16) == (4, 0)
+    assert wop.fused_slots(36, False, 16) == (7, 3)
+    assert wop.fused_slots(0, True, 16) == (1, 0)
+    assert wop.fused_slots(256, True, 64) == (5, 0)  # the benchmark's window
+    assert wop.fused_slots(200, True, 16) == (0, 0)  # 14 slots: too much scratch, two-kernel backward
+
+
+@pytest.mark.parametrize("act,causal", [("softmax", True), ("gelu", False)])
+def test_dispatch_takes_the_fused_backward(monkeypatch, act, causal):
+    # With the two-kernel backward's kernels unable to launch, window backward passes still match the
+    # reference (dq, dk, dv, both tables; targets in the softmax case): they took the fused kernels.
+    from kernels import attention_window_op as wop
+
+    assert wop.BACKWARD == "fused"
+    _forbid(monkeypatch, wop, "window_attn_bwd_dq_kernel", "window_attn_bwd_dkdv_kernel")
+    p = _self_problem(seed=47, heads=1, bias=True, targets=causal)
+    assert_accurate(p, torch.float32, activation=act, causal=causal, window=20)
+
+
+@pytest.mark.parametrize("backward,window", [("two", 20), ("fused", 200)])
+def test_two_kernel_backward(monkeypatch, backward, window):
+    # The two-kernel backward, switched on or for a window too long for the fused one's scratch, is the
+    # same function (the fused kernels unable to launch).
+    from kernels import attention_window_op as wop
+
+    monkeypatch.setattr(wop, "BACKWARD", backward)
+    _forbid(monkeypatch, wop, "window_attn_bwd_dkdv_ds_kernel", "window_attn_bwd_dq_ds_kernel", "window_delta_kernel")
+    p = _self_problem(seed=53, heads=1, bias=True, targets=True)
+    assert_accurate(p, torch.float32, causal=True, window=window)
+
+
+def test_fused_backward_delta_in_the_loop(monkeypatch):
+    # delta = rowsum(dO . o) computed in the dk/dv loop instead of by its own pass: same gradients.
+    from kernels import attention_window_op as wop
+
+    monkeypatch.setitem(wop.CONFIG, "fused", wop.CONFIG["fused"][:3] + (True,))
+    _forbid(monkeypatch, wop, "window_delta_kernel")
+    p = _self_problem(seed=59, heads=2, bias=True)
+    assert_accurate(p, torch.float16, causal=False, window=36)

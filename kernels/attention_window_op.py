@@ -51,13 +51,15 @@ MAX_HEAD_DIM = 128
 # heavily and take minutes to compile (ptxas, sm_90).
 TILE = 64
 # Measured at L=2048..32768, W=256 (bf16, D=128, causal): the forward 32-key tiles with 3 stages (0.68-0.76 ms
-# against 0.75-0.84 at 64/2); the backward kernels one loop (the three-loop split lost 15-20% there).
+# against 0.75-0.84 at 64/2); the backward kernels one loop (the three-loop split lost 15-20% there). Fused
+# backward at L=4096: 4 warps, 2 stages, delta by its own pass (in the loop: +0.5-0.8 ms, register spills; 8 warps:
+# +1.5 ms); its dq kernel 8 warps, 3 stages, descriptors (pointer loads and stores: +0.15-0.2 ms).
 CONFIG: dict[str, tuple[int, int, int, bool]] = {
     "fwd": (32, 4, 3, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
     # The fused backward (attention_triton_window_bwd): its inner tiles are the outer tile, so the first entry
     # is unused; the last one of "fused" computes delta = rowsum(dO . o) in the dk/dv loop (else one pass first),
     # that of "dsq" (its dq kernel) moves the dS scratch through tensor descriptors (bulk copies) where TMA is on.
-    "fused": (64, 4, 2, False), "dsq": (64, 8, 2, True)}
+    "fused": (64, 4, 2, False), "dsq": (64, 8, 3, True)}
 # Backward: "fused" (dk, dv and the score gradients in one kernel, dq from those; where ``fused_slots`` allows)
 # or "two" (the dq kernel, then the dk/dv kernel, each computing the scores).
 BACKWARD = "fused"

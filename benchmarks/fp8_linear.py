@@ -263,36 +263,42 @@ def time_linears(dev: str, shapes, variants=VARIANTS) -> list[dict]:
 
 
 def time_delayed_casts(x: torch.Tensor, copy_bw: float) -> list[dict]:
-    """The delayed-scaling cast pass alone (history present: no amax pass) on x, over a tile sweep; the best tile
-    becomes ``TENSORWISE_TILES`` (the current-scaling cast pass is the same kernel)."""
+    """The delayed-scaling cast pass alone (history present: no amax pass) on x over a sweep of tiles and
+    program counts (each program loops over its share of the row tiles); the best becomes the default
+    (``TENSORWISE_DELAYED_TILES``, ``TENSORWISE_CAST_PROGRAMS``) for the rest of the run."""
     hist = mx.new_amax_history(16, x.device)[0]
     mx.quantize_tensorwise(x, 1, "e4m3", delayed=mx.DelayedScale(hist, 0, 16, False))  # step 0 fills the ring
-    d = mx.DelayedScale(hist, 1, 16, True)
     n = x.numel()
     out, best = [], None
-    for tiles in [(64, 128, 4), (128, 128, 8), (128, 64, 4), (32, 256, 4), (64, 256, 8), (128, 128, 4),
-                  (64, 128, 8)]:
-        try:
-            t = bench(lambda tiles=tiles: mx_triton.quantize_tensorwise(
-                x, True, True, "e4m3", tiles=tiles, history=d.history, step=1, window=16, use_history=True), rep=100)
-        except Exception as e:
-            print(f"tile {tiles} for the delayed cast failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-            continue
-        bw = (x.element_size() * n + 2 * n) / t / 1e9
-        out.append(dict(kernel=f"tensorwise delayed both layouts, one pass, tiles {list(tiles)}", ms=t, tbps=bw,
-                        pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
-        if best is None or t < best[0]:
-            best = (t, tiles)
-    mx_triton.TENSORWISE_TILES = tuple(best[1])
+    for tiles in [(64, 128, 4), (128, 64, 4), (32, 128, 4), (64, 128, 8), (128, 128, 8)]:
+        col_tiles = -(-x.shape[1] // tiles[1])
+        row_tiles = -(-x.shape[0] // tiles[0])
+        for programs in (1056, 2112, 4224, 8448):
+            rs = max(1, min(row_tiles, programs // col_tiles))
+            try:
+                t = bench(lambda tiles=tiles, rs=rs: mx_triton.quantize_tensorwise(
+                    x, True, True, "e4m3", tiles=tiles, history=hist, step=1, window=16, use_history=True,
+                    row_step=rs), rep=50)
+            except Exception as e:
+                print(f"tile {tiles} for the delayed cast failed: {type(e).__name__}: {str(e)[:120]}",
+                      file=sys.stderr)
+                break
+            bw = (x.element_size() * n + 2 * n) / t / 1e9
+            out.append(dict(kernel=f"tensorwise delayed both layouts, one pass, tiles {list(tiles)} x {programs} "
+                            "programs", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
+            if best is None or t < best[0]:
+                best = (t, tiles, programs)
+    mx_triton.TENSORWISE_DELAYED_TILES = tuple(best[1])
+    mx_triton.TENSORWISE_CAST_PROGRAMS = best[2]
     out.sort(key=lambda r: r["ms"])
-    out = out[:3]
+    out = out[:4]
     for label, row, col, cs in (("rows, one pass", True, False, False),
                                 ("both layouts + column sums (dY in the backward)", True, True, True)):
         t = bench(lambda row=row, col=col, cs=cs: mx_triton.quantize_tensorwise(
-            x, row, col, "e5m2", col_sums=cs, history=d.history, step=1, window=16, use_history=True), rep=100)
+            x, row, col, "e5m2", col_sums=cs, history=hist, step=1, window=16, use_history=True), rep=100)
         bw = (x.element_size() * n + (row + col) * n) / t / 1e9
-        out.append(dict(kernel=f"tensorwise delayed {label}", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw,
-                        tiles=list(best[1])))
+        out.append(dict(kernel=f"tensorwise delayed {label} ({best[2]} programs)", ms=t, tbps=bw,
+                        pct_copy=100 * bw / copy_bw, tiles=list(best[1])))
     return out
 
 
@@ -341,7 +347,7 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
-    best = (None, mx_triton.TENSORWISE_TILES)  # picked by the delayed cast's sweep (same kernel)
+    best = (None, mx_triton.TENSORWISE_TILES)
     t_amax = bench(lambda: mx_triton.tensorwise_amax(x), rep=100)
     for label, row, col in (("tensorwise rows (amax pass + cast pass)", True, False),
                             ("tensorwise both layouts (amax pass + one cast pass)", True, True)):
@@ -602,6 +608,21 @@ def host_costs(dev: str, calls: int = 300) -> list[dict]:
         host = (time.perf_counter() - t0) * 1e6 / calls
         torch.cuda.synchronize()
         out.append(dict(op=label, host_us=host))
+    import cProfile
+    import pstats
+
+    f = cases[-1][1]  # the delayed layer step: where its host time goes, by Python function
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        f()
+    pr.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(pr).stats
+    top = sorted(st.items(), key=lambda kv: -kv[1][2])[:18]
+    for (fn, line, name), (_, ncalls, tottime, cumtime, _) in top:
+        out.append(dict(op=f"cProfile self: {fn.split('/')[-1]}:{line}({name}) x{ncalls / 200:g}",
+                        host_us=tottime * 1e6 / 200, cum_us=cumtime * 1e6 / 200))
     return out
 
 
@@ -637,9 +658,10 @@ def _print_profile(res: dict) -> None:
         for r in res["profiles"][name].get("host_top", []):
             print(f"| {r['op'][:90]} | {r['self_cpu_ms']:.3f} | {r['calls']:g} |")
     print("\n## host time per call, tiny operands (256x256 -> 256; the GPU never waits for the host to be ahead)")
-    print("| op | host us/call |\n|---|---|")
+    print("| op | host us/call (cProfile rows: self us/step, cumulative) |\n|---|---|")
     for r in res.get("host", []):
-        print(f"| {r['op']} | {r['host_us']:.1f} |")
+        cum = f" (cum {r['cum_us']:.1f})" if "cum_us" in r else ""
+        print(f"| {r['op'][:110]} | {r['host_us']:.1f}{cum} |")
     print("\n## tensorwise ablations (do_bench medians; ratio = bf16 time of the same kind / variant)")
     print("| variant | ms | ratio |\n|---|---|---|")
     for r in res["ablations"]:
@@ -662,6 +684,7 @@ def main() -> None:
     dev = "cuda"
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     prof = None
+    copy_bw, quant = time_quantizers(dev, args.sweep, only_tw)  # first: the rest uses the best tiles it finds
     if args.profile:
         try:
             amax = sweep_amax(dev) if args.sweep else []
@@ -677,12 +700,12 @@ def main() -> None:
             print(f"\n## profile FAILED: {type(e).__name__}: {str(e)[:300]}")
         sys.stdout.flush()
     checks = check_quantizers(dev) + check_linears(dev, variants)
-    copy_bw, quant = time_quantizers(dev, args.sweep, only_tw)  # first: the linears then use the best tiles
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
     gemms = time_gemms(dev)
     lin = time_linears(dev, shapes, variants)
     print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES, "amax:",
-          mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS)
+          mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS, "delayed cast:",
+          mx_triton.TENSORWISE_DELAYED_TILES, mx_triton.TENSORWISE_CAST_PROGRAMS)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant, gemms=gemms), f, indent=1)

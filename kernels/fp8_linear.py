@@ -232,7 +232,7 @@ class _Plan:
             da = mx.mx_dequantize(a, torch.bfloat16, backend=self.backend)
             db = mx.mx_dequantize(bt, torch.bfloat16, backend=self.backend)
             return (da @ db.t()).to(out_dtype)
-        return _scaled_mm(a, bt, self.recipe, out_dtype, fast_accum=fast_accum).to(out_dtype)
+        return _as(_scaled_mm(a, bt, self.recipe, out_dtype, fast_accum=fast_accum), out_dtype)
 
 
 _PLANS: dict[tuple[Fp8Config, torch.device], _Plan] = {}
@@ -345,14 +345,19 @@ def _scaled_mm_bias(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype, bias: 
     if _BIAS_FUSION.get(key) is False:
         return None
     try:
-        y = _scaled_mm(a, bt, recipe, od, bias=bias.to(od), fast_accum=fast_accum)
+        y = _scaled_mm(a, bt, recipe, od, bias=_as(bias, od), fast_accum=fast_accum)
     except (RuntimeError, ValueError):  # e.g. "Bias is not supported when out_dtype is set to Float32"
         if key in _BIAS_FUSION:
             raise
         _BIAS_FUSION[key] = False
         return None
     _BIAS_FUSION[key] = True
-    return y.to(out_dtype)
+    return _as(y, out_dtype)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the call where it is already that dtype (a host op saved per GEMM)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _scaled_mm(a: Any, bt: Any, recipe: str, out_dtype: torch.dtype,

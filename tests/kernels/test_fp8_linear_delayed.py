@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from kernels import mx
+from kernels import mx, mx_triton
 from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, fp8_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -51,6 +51,25 @@ def test_delayed_cast_matches_reference_bitwise_over_steps(fmt, dtype):
         assert ((s_tri.double() - want).abs() <= 1e-6 * x.double().abs().sum(0))[ok].all()
         q = mx.quantize_tensorwise(x, 0, fmt, backend="triton", delayed=d_tri)  # one layout: same codes
         assert torch.equal(bits(q.data), bits(b.data))
+
+
+@pytest.mark.parametrize("row_step", [1, 3])
+def test_recording_cast_loops_over_row_tiles(row_step):
+    """The recording cast's programs walk every row_step-th row tile (4 tiles of 64 rows here), keeping the amax
+    and the column sums across them: codes, scale, ring and sums must not depend on row_step."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(200, 70, generator=g)
+    x[150, 5] = 1000.0  # the amax sits in a later row tile
+    h_ref, h_tri = mx.new_amax_history(2)[0], mx.new_amax_history(2)[0]
+    for step in range(2):
+        d_ref = mx.DelayedScale(h_ref, step, 2, use_history=step > 0)
+        a, b = mx.quantize_tensorwise_both(x * (step + 1), "e4m3", backend="ref", delayed=d_ref)
+        rows, cols, sums = mx_triton.quantize_tensorwise(x * (step + 1), True, True, "e4m3", col_sums=True,
+                                                         history=h_tri, step=step, window=2,
+                                                         use_history=step > 0, row_step=row_step)
+        assert torch.equal(bits(rows[0]), bits(a.data)) and torch.equal(bits(cols[0]), bits(b.data))
+        assert torch.equal(bits(rows[1]), bits(a.scale)) and torch.equal(h_ref, h_tri)
+        torch.testing.assert_close(sums, (x * (step + 1)).sum(0), rtol=1e-5, atol=1e-4)
 
 
 def test_history_window_rule():

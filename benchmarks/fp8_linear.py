@@ -20,7 +20,8 @@
    tensorwise layer with delayed scaling.
 
 ``--only PREFIXES`` (comma-separated) keeps the variants whose label starts with one of them (bf16
-``nn.Linear`` is always timed) and, with ``tensorwise``, only the tensorwise quantizer rows. Every timed step
+``nn.Linear`` is always timed), skips the GEMMs-alone table and the profile's ablations, and, when every prefix
+is a tensorwise one, keeps only the tensorwise quantizer checks and rows. Every timed step
 ends with ``fp8_step()`` (the optimizer step a training loop would run), so delayed-scaling layers run with
 history after the first warm-up step.
 """
@@ -78,7 +79,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(u(a).cpu(), u(b).cpu())
 
 
-def check_quantizers(dev: str) -> list[tuple[str, str]]:
+def check_quantizers(dev: str, only_tensorwise: bool = False) -> list[tuple[str, str]]:
     rows = []
     g = torch.Generator(device="cpu").manual_seed(1)
     for dt in (torch.float32, torch.bfloat16):
@@ -89,7 +90,7 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
         if dt == torch.float32:
             x[30, 64:192] = torch.rand(128, generator=g) * 1e-39  # fp32 subnormals
         xc = x.to(dev)
-        for axis in (0, 1):
+        for axis in (() if only_tensorwise else (0, 1)):
             ref, tri = mx.mx_quantize_ref(x, axis), mx.mx_quantize(xc, axis, backend="triton")
             ok = bits_equal(ref.data, tri.data) and bits_equal(ref.scale, tri.scale)
             d_ref = mx.mx_dequantize_ref(ref, torch.bfloat16)
@@ -100,6 +101,10 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
             rows.append((f"mx quantize axis={axis} {dt}", str(ok)))
             rows.append((f"mx dequantize->bf16 axis={axis} {dt}", str(okd)))
             rows.append((f"1x128 quantize axis={axis} {dt}", str(ok1)))
+        xf = x.nan_to_num(0.0, 0.0, 0.0)  # one non-finite element makes the whole tensor NaN: check finite data
+        if only_tensorwise:
+            rows += _check_tensorwise(x, xf, dev, dt)
+            continue
         (a, b), (c, d) = mx.mx_quantize_both(xc, backend="triton"), mx.quantize_1x128_both(xc, backend="triton")
         rows.append((f"mx both {dt}", str(bits_equal(a.data, mx.mx_quantize_ref(x, 1).data)
                                          and bits_equal(b.data, mx.mx_quantize_ref(x, 0).data))))
@@ -111,19 +116,24 @@ def check_quantizers(dev: str) -> list[tuple[str, str]]:
                                          and bits_equal(w_ref.scale, w_tri.scale))))
         rq, rc = mx.quantize_rowwise(x, 0), mx.quantize_rowwise(xc, 0)
         rows.append((f"rowwise cuda==cpu {dt}", str(bits_equal(rq.data, rc.data))))
-        xf = x.nan_to_num(0.0, 0.0, 0.0)  # one non-finite element makes the whole tensor NaN: check finite data
-        for fmt in ("e4m3", "e5m2"):
-            for src, tag in ((x, "with NaN/Inf"), (xf, "finite")):
-                a, b = mx.quantize_tensorwise_both(src.to(dev), fmt, backend="triton")
-                ra, rb = mx.quantize_tensorwise_ref(src, 1, fmt), mx.quantize_tensorwise_ref(src, 0, fmt)
-                ok = (bits_equal(a.data, ra.data) and bits_equal(b.data, rb.data)
-                      and bits_equal(a.scale.reshape(1), ra.scale.reshape(1)))
-                rows.append((f"tensorwise {fmt} both layouts {tag} {dt}", str(ok)))
-        rows += check_delayed_quantizer(x, xf, dev, dt)
-        a, b, sums = mx.quantize_tensorwise_both(xf.to(dev), "e5m2", backend="triton", col_sums=True)
-        ok = bits_equal(a.data, mx.quantize_tensorwise_ref(xf, 1, "e5m2").data)
-        err = rel(sums.cpu(), xf.double().sum(0))
-        rows.append((f"tensorwise e5m2 both layouts + column sums {dt}: codes bit-exact, sums rel. err", f"{ok} {err:.1e}"))
+        rows += _check_tensorwise(x, xf, dev, dt)
+    return rows
+
+
+def _check_tensorwise(x: torch.Tensor, xf: torch.Tensor, dev: str, dt: torch.dtype) -> list[tuple[str, str]]:
+    rows = []
+    for fmt in ("e4m3", "e5m2"):
+        for src, tag in ((x, "with NaN/Inf"), (xf, "finite")):
+            a, b = mx.quantize_tensorwise_both(src.to(dev), fmt, backend="triton")
+            ra, rb = mx.quantize_tensorwise_ref(src, 1, fmt), mx.quantize_tensorwise_ref(src, 0, fmt)
+            ok = (bits_equal(a.data, ra.data) and bits_equal(b.data, rb.data)
+                  and bits_equal(a.scale.reshape(1), ra.scale.reshape(1)))
+            rows.append((f"tensorwise {fmt} both layouts {tag} {dt}", str(ok)))
+    rows += check_delayed_quantizer(x, xf, dev, dt)
+    a, b, sums = mx.quantize_tensorwise_both(xf.to(dev), "e5m2", backend="triton", col_sums=True)
+    ok = bits_equal(a.data, mx.quantize_tensorwise_ref(xf, 1, "e5m2").data)
+    err = rel(sums.cpu(), xf.double().sum(0))
+    rows.append((f"tensorwise e5m2 both layouts + column sums {dt}: codes bit-exact, sums rel. err", f"{ok} {err:.1e}"))
     return rows
 
 
@@ -506,7 +516,8 @@ def _kernel_profile(f, steps: int) -> dict:
                           for e in host_ops])
 
 
-def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, steps: int = 10) -> dict:
+def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, steps: int = 10,
+                       brief: bool = False) -> dict:
     """Kernel tables of bf16 nn.Linear and the tensorwise layer (and the fastest recipe for reference), then
     ablations of the tensorwise step timed against bf16 in the same run."""
     from kernels import fp8_linear
@@ -517,6 +528,13 @@ def profile_tensorwise(dev: str, m: int = 65536, k: int = 1024, n: int = 4096, s
     profs = {"bf16 nn.Linear": _kernel_profile(_fwd_bwd(base, x, dy, base), steps),
              "tensorwise (dY e5m2)": _kernel_profile(_fwd_bwd(tw, x, dy, base), steps),
              "tensorwise delayed (dY e5m2)": _kernel_profile(_fwd_bwd(twd, x, dy, base), steps)}
+    if brief:  # bf16 against tensorwise current and delayed only
+        t_ref = bench(_fwd_bwd(base, x, dy, base))
+        abl = [dict(variant="bf16 nn.Linear fwd+bwd", ms=t_ref, ratio=1.0)]
+        for label, mod in (("tensorwise fwd+bwd", tw), ("tensorwise delayed fwd+bwd", twd)):
+            t = bench(_fwd_bwd(mod, x, dy, base))
+            abl.append(dict(variant=label, ms=t, ratio=t_ref / t))
+        return dict(profiles=profs, ablations=abl, host=host_costs(dev))
     fp8_linear.FUSED_BIAS_GRAD.discard("tensorwise")
     try:
         profs["tensorwise, db as a separate sum"] = _kernel_profile(_fwd_bwd(tw, x, dy, base), steps)
@@ -680,7 +698,7 @@ def main() -> None:
     args = ap.parse_args()
     prefixes = tuple(p.strip() for p in args.only.split(",")) if args.only else None
     variants = [v for v in VARIANTS if v[0].startswith(prefixes)] if prefixes else VARIANTS
-    only_tw = prefixes == ("tensorwise",)
+    only_tw = prefixes is not None and all(p.startswith("tensorwise") for p in prefixes)
     dev = "cuda"
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     prof = None
@@ -688,7 +706,7 @@ def main() -> None:
     if args.profile:
         try:
             amax = sweep_amax(dev) if args.sweep else []
-            prof = profile_tensorwise(dev)
+            prof = profile_tensorwise(dev, brief=prefixes is not None)
             print_profile(prof, amax)
             if args.json:
                 with open(args.json + ".profile.json", "w") as f:
@@ -699,9 +717,9 @@ def main() -> None:
             traceback.print_exc()
             print(f"\n## profile FAILED: {type(e).__name__}: {str(e)[:300]}")
         sys.stdout.flush()
-    checks = check_quantizers(dev) + check_linears(dev, variants)
+    checks = check_quantizers(dev, only_tw) + check_linears(dev, variants)
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
-    gemms = time_gemms(dev)
+    gemms = [] if prefixes else time_gemms(dev)  # --only: the layer table alone
     lin = time_linears(dev, shapes, variants)
     print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES, "amax:",
           mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS, "delayed cast:",
@@ -730,7 +748,7 @@ def main() -> None:
             print(f"| {v} | {sum(ts):.3f} | {ref / sum(ts):.2f}x |")
     print("\n## GEMMs alone, mlp up 65536x1024->4096 (operands quantized beforehand): ms (TFLOP/s)")
     print("| recipe | output | input gradient | weight gradient | sum | sum vs bf16 |\n|---|---|---|---|---|---|")
-    ref_sum = gemms[0]["fwd"] + gemms[0]["dgrad"] + gemms[0]["wgrad"]
+    ref_sum = gemms[0]["fwd"] + gemms[0]["dgrad"] + gemms[0]["wgrad"] if gemms else 1.0
     for r in gemms:
         tot = r["fwd"] + r["dgrad"] + r["wgrad"]
         cells = " | ".join(f"{r[g]:.3f} ({r['tflops'][g]:.0f})" for g in ("fwd", "dgrad", "wgrad"))

@@ -360,9 +360,11 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: in
 TENSORWISE_TILES: tuple[int, int, int] = (64, 128, 4)
 TENSORWISE_AMAX_TILES: tuple[int, int, int] = (64, 128, 4)
 TENSORWISE_AMAX_PROGRAMS = 1024  # programs of the amax pass in all (each loops over its share of the row tiles)
-# The recording (delayed-scaling) cast: its tiles and programs in all (each loops over its share of the row tiles).
-TENSORWISE_DELAYED_TILES: tuple[int, int, int] = (64, 128, 4)
-TENSORWISE_CAST_PROGRAMS = 2048
+# The recording (delayed-scaling) cast: its tiles and programs in all (each loops over its share of the row tiles);
+# best of a 5-tile x 4-program-count sweep on an H200 (benchmarks/RESULTS.md, 2026-11-30, fourth round): both
+# layouts of 65536x4096 bf16 in 0.545 ms (48% of copy); the other counts and tiles within 2%.
+TENSORWISE_DELAYED_TILES: tuple[int, int, int] = (32, 128, 4)
+TENSORWISE_CAST_PROGRAMS = 4224
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
 _DUMMIES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}

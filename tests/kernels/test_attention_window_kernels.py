@@ -191,3 +191,21 @@ def test_fused_backward_delta_in_the_loop(monkeypatch):
     _forbid(monkeypatch, wop, "window_delta_kernel")
     p = _self_problem(seed=59, heads=2, bias=True)
     assert_accurate(p, torch.float16, causal=False, window=36)
+
+
+def test_work_list_gives_a_rows_tiles_consecutively_last_first():
+    # The fused backward finds a query tile's work item from its key tile's: item(i) = item(j) + j - i.
+    from kernels.attention_op import work_list
+    from tests.kernels.attention_cases import offsets
+
+    offs = offsets([0, 1, 70, 17, 33, 0, 64])
+    work, _ = work_list(offs, offs, 16, int(offs[-1]))
+    rows = {}
+    for item, (row, tile) in enumerate(work.tolist()):
+        if row >= 0:
+            rows.setdefault(row, []).append((item, tile))
+    assert sorted(rows) == [1, 2, 3, 4, 6]
+    for row, items in rows.items():
+        first = items[0][0]
+        assert [t for _, t in items] == list(range(len(items) - 1, -1, -1)), row
+        assert [i for i, _ in items] == list(range(first, first + len(items))), row

@@ -538,17 +538,28 @@ class Fp8Linear(nn.Linear):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
         # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
-        dev = x.device.type
-        state = self._delayed_state(x) if self.config.scaling == "delayed" else None
+        if self.config.scaling == "delayed":
+            y = self._run_delayed(x.reshape(-1, self.in_features))
+        else:
+            y = self._run(x.reshape(-1, self.in_features), None)
+        return y.reshape(*lead, self.out_features)
+
+    def _run(self, x2: torch.Tensor, state: _AmaxState | None) -> torch.Tensor:
+        # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
+        # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
+        dev = x2.device.type
         where = getattr(self, "_fp8_where", None) or f"Fp8Linear({self.in_features}->{self.out_features})"
         if torch.is_autocast_enabled(dev):
             with torch.autocast(dev, enabled=False):  # the recipe picks every GEMM's precision itself
-                y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config,
-                                       where, torch.get_autocast_dtype(dev), state)
-        else:
-            y = _Fp8LinearFn.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self.config, where,
-                                   x.dtype, state)
-        return y.reshape(*lead, self.out_features)
+                return _Fp8LinearFn.apply(x2, self.weight, self.bias, self.config, where,
+                                          torch.get_autocast_dtype(dev), state)
+        return _Fp8LinearFn.apply(x2, self.weight, self.bias, self.config, where, x2.dtype, state)
+
+    @torch.compiler.disable
+    def _run_delayed(self, x2: torch.Tensor) -> torch.Tensor:
+        """Delayed scaling keeps host-side step counters that change every step: run eagerly, outside any
+        compiled graph (traced, each new step number would be a guard failure and a recompile)."""
+        return self._run(x2, self._delayed_state(x2))
 
     def extra_repr(self) -> str:
         c = self.config

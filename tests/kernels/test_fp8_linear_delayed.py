@@ -238,3 +238,36 @@ def test_config_validation():
     with pytest.raises(mx.MXFormatError, match="window must be >= 1"):
         mx.new_amax_history(0)
     assert "scaling=delayed (history 4)" in repr(delayed_layer(nn.Linear(16, 16)))
+
+
+def test_compiled_block_runs_delayed_layers_eagerly_and_matches():
+    """Under torch.compile (as train.compile compiles MLP blocks) a delayed-scaling layer runs outside the graph:
+    the same outputs and gradients as eager over steps, and its step counter still advances."""
+    torch.manual_seed(6)
+    l1, l2 = nn.Linear(32, 64), nn.Linear(64, 16)
+    eager = nn.Sequential(delayed_layer(l1), nn.GELU(), delayed_layer(l2))
+    comp = nn.Sequential(delayed_layer(l1), nn.GELU(), delayed_layer(l2))
+    comp.compile(backend="eager", dynamic=True)
+    from torch._dynamo.utils import counters
+
+    run_steps(eager, comp, range(2))
+    compiled = dict(counters["stats"])
+    run_steps(eager, comp, range(2, 4))
+    assert dict(counters["stats"]) == compiled  # new steps compile nothing more
+    assert comp[0]._amax_state.step == 3 and comp[0]._amax_state.use_history == (True, True)
+
+
+def run_steps(eager: nn.Module, comp: nn.Module, steps: range) -> None:
+    for step in steps:
+        x, dy = torch.randn(8 + step, 32) * (step + 1), torch.randn(8 + step, 16)
+        outs = []
+        for model in (eager, comp):
+            xi = x.clone().requires_grad_()
+            for p in model.parameters():
+                p.grad = None
+            y = model(xi)
+            y.backward(dy)
+            outs.append([y.detach(), xi.grad] + [p.grad.clone() for p in model.parameters()])
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
+        fp8_step()

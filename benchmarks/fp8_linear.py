@@ -17,7 +17,8 @@
    and of the tensorwise layer on 65536x1024->4096, with each step's wall time, GPU busy time and idle
    gap; and ablations of the tensorwise step (forward only, no bias, bias outside the GEMM epilogue, bias
    gradient as a separate sum), each against bf16 in the same run; the same kernel table and host ops for the
-   tensorwise layer with delayed scaling.
+   tensorwise layer with delayed scaling; host time per call of the step's pieces on tiny operands, and a
+   cProfile of the tiny delayed step by Python function.
 
 ``--only PREFIXES`` (comma-separated) keeps the variants whose label starts with one of them (bf16
 ``nn.Linear`` is always timed), skips the GEMMs-alone table and the profile's ablations, and, when every prefix

@@ -15,7 +15,9 @@ Formats (all elements are ``torch.float8_e4m3fn``; max normal 448):
   scales are powers of two chosen so nothing saturates (``2**ceil(log2(amax / 448))``): dividing by a
   power of two is exact, so quantization is bit-reproducible on every backend, and E4M3's relative
   precision does not depend on where in its range a block lands, so nothing is lost against a
-  non-power-of-two scale. Non-finite blocks get a NaN scale and NaN elements.
+  non-power-of-two scale. Non-finite blocks get a NaN scale and NaN elements. The tensorwise recipe's delayed
+  scaling (:class:`DelayedScale`) takes its scale from earlier steps' amaxes instead, so there values beyond it
+  saturate to the format's max.
 
 Layouts. ``axis=1`` quantizes blocks along each row (the contiguous dim) of ``x [R, C]`` and returns
 ``data [R, Cp]``; ``axis=0`` quantizes blocks along columns and returns the *transposed* layout

@@ -53,7 +53,7 @@ differs). Without it, FP8 recipes on a CPU tensor raise :class:`Fp8LinearError`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import torch
@@ -402,6 +402,27 @@ def _hp_gemm(a: torch.Tensor, bt: torch.Tensor, prec: str, native: bool) -> torc
     return a.to(dt).float() @ bt.to(dt).float().t()
 
 
+def _split_operand(op: Any) -> tuple[list[torch.Tensor], Any]:
+    """A quantized operand (None, a tensor, or a dataclass such as ``mx.ScaledTensor``) as its tensors plus a
+    tensor-free form to rebuild it from them (:func:`_join_operand`)."""
+    if op is None or isinstance(op, torch.Tensor):
+        return ([] if op is None else [op]), op is None
+    if not is_dataclass(op):
+        raise Fp8LinearError(f"Fp8Linear: cannot save a quantized operand of type {type(op).__name__}")
+    names = [f.name for f in fields(op) if isinstance(getattr(op, f.name), torch.Tensor)]
+    rest = {f.name: getattr(op, f.name) for f in fields(op) if f.name not in names}
+    return [getattr(op, n) for n in names], (type(op), names, rest)
+
+
+def _join_operand(form: Any, tensors: list[torch.Tensor]) -> Any:
+    if form is True:
+        return None
+    if form is False:
+        return tensors[0]
+    cls, names, rest = form
+    return cls(**rest, **dict(zip(names, tensors)))
+
+
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
@@ -430,13 +451,16 @@ class _Fp8LinearFn(torch.autograd.Function):
         y = plan.gemm(xa, wa, out_dtype, bias=b, fast_accum=True)
         if y.shape[0] != m:
             y = y[:m]
-        ctx.plan, ctx.wgrad, ctx.fp8_wgrad = plan, wgrad, fp8_wgrad
-        ctx.xt, ctx.wt, ctx.m = xt, wt, m
+        ctx.plan, ctx.wgrad, ctx.fp8_wgrad, ctx.m = plan, wgrad, fp8_wgrad, m
         ctx.has_bias = b is not None
         ctx.b_dtype = b.dtype if b is not None else None
         ctx.x_dtype, ctx.w_dtype = x.dtype, w.dtype
-        # high-precision wgrad keeps the input itself, not its FP8 copy
-        ctx.save_for_backward(x if (need_wgrad and not fp8_wgrad) else None)
+        # The FP8 copies go through save_for_backward, not ctx attributes: activation checkpointing frees
+        # (and recomputes) saved tensors only. High-precision wgrad keeps the input itself, not its FP8 copy.
+        xt_tensors, ctx.xt_form = _split_operand(xt)
+        wt_tensors, ctx.wt_form = _split_operand(wt)
+        ctx.n_xt = len(xt_tensors)
+        ctx.save_for_backward(x if (need_wgrad and not fp8_wgrad) else None, *xt_tensors, *wt_tensors)
         return y
 
     @staticmethod
@@ -444,7 +468,9 @@ class _Fp8LinearFn(torch.autograd.Function):
         plan: _Plan = ctx.plan
         if not dy.is_contiguous():
             dy = dy.contiguous()
-        (x,) = ctx.saved_tensors
+        x, *saved = ctx.saved_tensors
+        xt = _join_operand(ctx.xt_form, saved[:ctx.n_xt])
+        wt = _join_operand(ctx.wt_form, saved[ctx.n_xt:])
         dx = dw = None
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dya = dyt = db = None
@@ -468,12 +494,12 @@ class _Fp8LinearFn(torch.autograd.Function):
             else:
                 dya = plan.act(dyq, 1, grad=True, delayed=dyd)
         if need_x:
-            dx = plan.gemm(dya, ctx.wt, ctx.x_dtype)
+            dx = plan.gemm(dya, wt, ctx.x_dtype)
             if dx.shape[0] != ctx.m:
                 dx = dx[:ctx.m]
         if need_w:
             if ctx.fp8_wgrad:
-                dw = plan.gemm(dyt, ctx.xt, ctx.w_dtype)
+                dw = plan.gemm(dyt, xt, ctx.w_dtype)
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
             if dw.dtype != ctx.w_dtype:
@@ -482,7 +508,7 @@ class _Fp8LinearFn(torch.autograd.Function):
             db = db if db is not None else dy.sum(0, dtype=torch.float32)
             if db.dtype != ctx.b_dtype:
                 db = db.to(ctx.b_dtype)
-        ctx.xt = ctx.wt = ctx.state = None
+        ctx.state = None
         return dx, dw, db, None, None, None, None
 
 

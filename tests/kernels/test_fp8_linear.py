@@ -204,3 +204,33 @@ def test_output_takes_the_autocast_dtype_like_nn_linear(case, recipe):
     assert rel(y, y32) < 2 ** -7  # bf16 rounding of the same result (GEMM and bias), nothing more
     y.backward(dy.to(torch.bfloat16))
     assert xg.grad.dtype == torch.float32 and base.weight.grad.dtype == torch.float32
+
+
+
+class _Checkpointed(nn.Module):
+    """``lin`` under non-reentrant activation checkpointing, with ``lin``'s parameters (``run`` reads them)."""
+
+    def __init__(self, lin: nn.Module):
+        super().__init__()
+        self.lin = lin
+        self.weight, self.bias = lin.weight, lin.bias
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.lin, t, use_reentrant=False)
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES + ["bf16"])
+def test_fp8_copies_are_saved_tensors_that_checkpointing_frees(case, recipe):
+    """The backward's quantized copies of x (for dW) and W (for dX) pass through save_for_backward, so a
+    checkpointed region frees and recomputes them instead of holding them on ctx; gradients are unchanged."""
+    base, x, dy, _ = case
+    lin = Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, emulate=True))
+    packed: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        lin(x.clone().requires_grad_())
+    assert len(packed) >= 2  # x's and W's copies (each codes, plus scales for the FP8 recipes)
+    if recipe != "bf16":
+        assert any(t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8) for t in packed)
+    plain = run(lin, x, dy)
+    for got, want in zip(run(_Checkpointed(lin), x, dy), plain):
+        assert torch.equal(got, want)

@@ -56,8 +56,16 @@ def ensure_synthetic(cfg: RunConfig, schema: FeatureSchema, log: Callable[[str],
     for url, rows, seed in splits:
         if _is_local(url):
             final = _local_path(url)
-            if (final / DONE_MARKER).exists():
-                continue
+            marker = final / DONE_MARKER
+            if marker.exists():
+                made = marker.read_text().strip()
+                if made == f"rows={rows} seed={seed}":
+                    continue
+                # A split this code wrote for other settings (its marker says which): written again, so a
+                # changed train_rows or seed never trains on the old rows.
+                log(f"{final}: synthetic split holds '{made}', the config asks for 'rows={rows} seed={seed}': "
+                    "writing it again")
+                shutil.rmtree(final)
             if final.exists() and any(final.iterdir()):
                 raise GemtrainError(f"{final}: the folder holds files but no '{DONE_MARKER}' marker of a "
                                     "finished synthetic split (remove the folder to regenerate it, or "

@@ -7,6 +7,7 @@ from torch import nn
 
 from kernels import mx
 from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, _pad16, _to_blocked
+from tests.kernels.linear_steps import run
 
 FP8_RECIPES = ["mxfp8", "blockwise", "rowwise", "tensorwise"]
 M, K, N = 200, 256, 128  # tokens not a multiple of 128: the padded weight-gradient path is covered
@@ -15,15 +16,6 @@ M, K, N = 200, 256, 128  # tokens not a multiple of 128: the padded weight-gradi
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm())
-
-
-def run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor):
-    x = x.clone().requires_grad_()
-    for p in lin.parameters():
-        p.grad = None
-    y = lin(x)
-    y.backward(dy)
-    return y.detach(), x.grad, lin.weight.grad.clone(), lin.bias.grad.clone()
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from kernels import mx, mx_triton
 from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, fp8_step
+from tests.kernels.linear_steps import run
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
@@ -137,15 +138,6 @@ def test_saturation_and_non_finite_values(fmt):
 def delayed_layer(base: nn.Linear, window: int = 4, **kw) -> Fp8Linear:
     return Fp8Linear.from_linear(base, Fp8Config(recipe="tensorwise", wgrad="recipe", emulate=True,
                                                  scaling="delayed", amax_history=window, **kw))
-
-
-def run(lin: nn.Module, x: torch.Tensor, dy: torch.Tensor):
-    x = x.clone().requires_grad_()
-    for p in lin.parameters():
-        p.grad = None
-    y = lin(x)
-    y.backward(dy)
-    return y.detach(), x.grad, lin.weight.grad.clone(), lin.bias.grad.clone()
 
 
 def test_layer_first_step_equals_current_scaling_then_uses_history():

@@ -86,6 +86,52 @@ def _query_parts(n0, k_last, L, hist_end, window, CAUSAL: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
+def key_tile(K, V, KTS, start, L, n0, h, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_N: tl.constexpr, HAS_TIME: tl.constexpr):
+    """The keys ``n0 .. n0 + BLOCK_N`` of a row (first token ``start``, length L) for head h, as the dk/dv
+    kernels hold them: (offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < L
+    d_ok = offs_d < HEAD_DIM
+    rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    k = load_rows(K + rows, n_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    v = load_rows(V + rows, n_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    ts_k = load_times(KTS, start, offs_n, n_ok, True, HAS_TIME)
+    k_last = tl.minimum(n0 + BLOCK_N, L) - 1
+    tk_min = 0
+    tk_max = 0
+    if HAS_TIME:
+        tk_min, tk_max = min_max(ts_k, n_ok)
+    return offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max
+
+
+@triton.jit
+def inverse_norm(L, norm_const, NORM_ROW: tl.constexpr):
+    """1 / the pointwise activations' normaliser: the row's length, or the fixed constant."""
+    if NORM_ROW:
+        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
+    else:
+        inv_n = 1.0 / norm_const
+    return inv_n
+
+
+@triton.jit
+def store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H: tl.constexpr,
+                    HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, POS_PAD: tl.constexpr, HAS_TIME: tl.constexpr,
+                    NUM_TIME: tl.constexpr, TIME_PAD: tl.constexpr):
+    """The end of a dk/dv program: its bias-table gradient sums added once, dk (times the score scale) and dv
+    stored."""
+    if HAS_POS:
+        flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
+    if HAS_TIME:
+        flush_table_grad(DTIMEW, dtime, h, H, NUM_TIME, TIME_PAD)
+    mask = n_ok[:, None] & d_ok[None, :]
+    tl.store(DK + rows, (dk * scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def window_attn_fwd_kernel(
     Q, K, V, KD, VD, OUT, LSE, OFF, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window,
@@ -242,25 +288,11 @@ def window_attn_bwd_dkdv_kernel(
     row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok = offs_n < L
-    d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-    k = load_rows(K + rows, n_ok, d_ok, True, EVEN_D)
-    v = load_rows(V + rows, n_ok, d_ok, True, EVEN_D)
-    ts_k = load_times(KTS, start, offs_n, n_ok, True, HAS_TIME)
-    k_last = tl.minimum(n0 + BLOCK_N, L) - 1
-    tk_min = 0
-    tk_max = 0
-    if HAS_TIME:
-        tk_min, tk_max = min_max(ts_k, n_ok)
+    offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max = key_tile(
+        K, V, KTS, start, L, n0, h, H, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_TIME)
     qk_scale, bias_scale = score_scales(scale, ACT)
-    if NORM_ROW:
-        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
-    else:
-        inv_n = 1.0 / norm_const
+    inv_n = inverse_norm(L, norm_const, NORM_ROW)
     lo, a, b, hi = _query_parts(n0, k_last, L, hist_end, window, CAUSAL, BLOCK_N, BLOCK_M)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -294,10 +326,5 @@ def window_attn_bwd_dkdv_kernel(
             start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
             PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
-    if HAS_POS:
-        flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
-    if HAS_TIME:
-        flush_table_grad(DTIMEW, dtime, h, H, NUM_TIME, TIME_PAD)
-    mask = n_ok[:, None] & d_ok[None, :]
-    tl.store(DK + rows, (dk * scale).to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)
+    store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
+                    POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)

@@ -26,11 +26,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_triton_bias import SPAN_POS, SPAN_TIME, flush_table_grad, min_max, table_grad_span
+from kernels.attention_triton_bias import SPAN_POS, SPAN_TIME, min_max, table_grad_span
 from kernels.attention_triton_bwd import _scores
 from kernels.attention_triton_common import (
     load_rows,
-    load_times,
     load_vec,
     score_grads,
     score_scales,
@@ -38,7 +37,7 @@ from kernels.attention_triton_common import (
     stream_tile,
     visible,
 )
-from kernels.attention_triton_window import _item
+from kernels.attention_triton_window import _item, inverse_norm, key_tile, store_key_grads
 
 
 @triton.jit
@@ -140,25 +139,11 @@ def window_attn_bwd_dkdv_ds_kernel(
     row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok = offs_n < L
-    d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-    k = load_rows(K + rows, n_ok, d_ok, True, EVEN_D)
-    v = load_rows(V + rows, n_ok, d_ok, True, EVEN_D)
-    ts_k = load_times(KTS, start, offs_n, n_ok, True, HAS_TIME)
-    k_last = tl.minimum(n0 + BLOCK_N, L) - 1
-    tk_min = 0
-    tk_max = 0
-    if HAS_TIME:
-        tk_min, tk_max = min_max(ts_k, n_ok)
+    offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max = key_tile(
+        K, V, KTS, start, L, n0, h, H, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_TIME)
     qk_scale, bias_scale = score_scales(scale, ACT)
-    if NORM_ROW:
-        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
-    else:
-        inv_n = 1.0 / norm_const
+    inv_n = inverse_norm(L, norm_const, NORM_ROW)
     # Query tiles (aligned with the dq kernel's) holding a query that sees a key of this tile.
     lo = n0
     if not CAUSAL:
@@ -177,13 +162,8 @@ def window_attn_bwd_dkdv_ds_kernel(
             Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
             bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
             TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA)
-    if HAS_POS:
-        flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
-    if HAS_TIME:
-        flush_table_grad(DTIMEW, dtime, h, H, NUM_TIME, TIME_PAD)
-    mask = n_ok[:, None] & d_ok[None, :]
-    tl.store(DK + rows, (dk * scale).to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)
+    store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
+                    POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)
 
 
 @triton.jit

@@ -86,15 +86,39 @@ def _query_parts(n0, k_last, L, hist_end, window, CAUSAL: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
+def tile_rows(start, L, p0, h, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Positions ``p0 .. p0 + BLOCK`` of a row (first token ``start``, length L) for head h: (offs, offs_d,
+    ok, d_ok, rows), ``rows`` the element offsets into a contiguous ``[tokens, H, D]`` tensor."""
+    offs = p0 + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = offs < L
+    d_ok = offs_d < HEAD_DIM
+    rows = (start + offs)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    return offs, offs_d, ok, d_ok, rows
+
+
+@triton.jit
+def query_tile(Q, QTS, start, L, m0, h, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M: tl.constexpr, HAS_TIME: tl.constexpr):
+    """The queries ``m0 .. m0 + BLOCK_M`` of a row for head h, as the forward and dq kernels hold them:
+    (offs_m, offs_d, m_ok, d_ok, rows, q, ts_q, tq_min, tq_max)."""
+    offs_m, offs_d, m_ok, d_ok, rows = tile_rows(start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M)
+    q = load_rows(Q + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
+    ts_q = load_times(QTS, start, offs_m, m_ok, True, HAS_TIME)
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
+    return offs_m, offs_d, m_ok, d_ok, rows, q, ts_q, tq_min, tq_max
+
+
+@triton.jit
 def key_tile(K, V, KTS, start, L, n0, h, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK_N: tl.constexpr, HAS_TIME: tl.constexpr):
     """The keys ``n0 .. n0 + BLOCK_N`` of a row (first token ``start``, length L) for head h, as the dk/dv
     kernels hold them: (offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok = offs_n < L
-    d_ok = offs_d < HEAD_DIM
-    rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    offs_n, offs_d, n_ok, d_ok, rows = tile_rows(start, L, n0, h, H, HEAD_DIM, BLOCK_D, BLOCK_N)
     k = load_rows(K + rows, n_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     v = load_rows(V + rows, n_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     ts_k = load_times(KTS, start, offs_n, n_ok, True, HAS_TIME)
@@ -144,18 +168,9 @@ def window_attn_fwd_kernel(
     row, h, start, L, hist_end, m0 = _item(WORK, OFF, NT, BLOCK_M, H, HAS_NT)
     if row < 0:
         return
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < L
-    d_ok = offs_d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-    q = load_rows(Q + rows, m_ok, d_ok, True, EVEN_D)
-    ts_q = load_times(QTS, start, offs_m, m_ok, True, HAS_TIME)
-    tq_min = 0
-    tq_max = 0
-    if HAS_TIME:
-        tq_min, tq_max = min_max(ts_q, m_ok)
+    offs_m, offs_d, m_ok, d_ok, rows, q, ts_q, tq_min, tq_max = query_tile(
+        Q, QTS, start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_TIME)
     last = tl.minimum(m0 + BLOCK_M, L) - 1
     lo, a, b, hi = _key_parts(m0, last, L, hist_end, window, CAUSAL, HAS_NT, BLOCK_N)
     qk_scale, bias_scale = score_scales(scale, ACT)
@@ -214,12 +229,8 @@ def window_attn_bwd_dq_kernel(
     row, h, start, L, hist_end, m0 = _item(WORK, OFF, NT, BLOCK_M, H, HAS_NT)
     if row < 0:
         return
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < L
-    d_ok = offs_d < HEAD_DIM
+    offs_m, offs_d, m_ok, d_ok, rows = tile_rows(start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
     q = load_rows(Q + rows, m_ok, d_ok, True, EVEN_D)
     do = load_rows(DO + rows, m_ok, d_ok, True, EVEN_D)
     ts_q = load_times(QTS, start, offs_m, m_ok, True, HAS_TIME)
@@ -235,10 +246,7 @@ def window_attn_bwd_dq_kernel(
         tl.store(DELTA + (start + offs_m) * H + h, delta, mask=m_ok)
         lse = tl.load(LSE + (start + offs_m) * H + h, mask=m_ok, other=float("inf"))
     qk_scale, bias_scale = score_scales(scale, ACT)
-    if NORM_ROW:
-        inv_n = 1.0 / tl.maximum(L, 1).to(tl.float32)
-    else:
-        inv_n = 1.0 / norm_const
+    inv_n = inverse_norm(L, norm_const, NORM_ROW)
     last = tl.minimum(m0 + BLOCK_M, L) - 1
     lo, a, b, hi = _key_parts(m0, last, L, hist_end, window, CAUSAL, HAS_NT, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -37,7 +37,7 @@ from kernels.attention_triton_common import (
     stream_tile,
     visible,
 )
-from kernels.attention_triton_window import _item, inverse_norm, key_tile, store_key_grads
+from kernels.attention_triton_window import _item, inverse_norm, key_tile, store_key_grads, tile_rows
 
 
 @triton.jit
@@ -47,11 +47,7 @@ def window_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < L
-    d_ok = offs_d < HEAD_DIM
-    rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+    offs_m, offs_d, m_ok, d_ok, rows = tile_rows(start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M)
     o = load_rows(OUT + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     do = load_rows(DO + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     tl.store(DELTA + (start + offs_m) * H + h, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1), mask=m_ok)
@@ -177,10 +173,7 @@ def window_attn_bwd_dq_ds_kernel(
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < L
-    d_ok = offs_d < HEAD_DIM
+    offs_m, offs_d, m_ok, d_ok, _ = tile_rows(start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     last = tl.minimum(m0 + BLOCK_M, L) - 1
     lo = (tl.maximum(m0 - window, 0) // BLOCK_M) * BLOCK_M  # the key tiles the fused kernel paired with
@@ -201,5 +194,6 @@ def window_attn_bwd_dq_ds_kernel(
         # dS is zero at keys past the row (TMA tiles read the next row's there, finite)
         k = stream_tile(KD, K + k_rows, start + start_n, h * HEAD_DIM, offs_n < L, d_ok, True, EVEN_D, USE_TMA)
         dq += tl.dot(ds, k, input_precision=PREC)
+    # the store's offsets are recomputed here rather than kept live through the loop (fewer registers there)
     tl.store(DQ + (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -17,7 +17,6 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
-from kernels.attention_flops import visible_pairs
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
@@ -27,6 +26,7 @@ from kernels.attention_self_op import (
     fake_backward,
     register_self_attention_autograd,
     register_self_attention_flops,
+    self_attention_work,
     table_grad,
 )
 from kernels.attention_triton_block import block_attn_bwd_kernel, block_attn_fwd_kernel
@@ -172,14 +172,9 @@ def _(do, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ti
     return fake_backward(q, k, v, pos_weight, time_weight)
 
 
-def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, block_size: int, tokens: int) -> int:
-    try:
-        return visible_pairs(offsets, offsets, causal=causal, block_size=block_size, num_targets=num_targets)
-    except Exception:  # fake/meta offsets (tracing): no values, so assume whole blocks
-        return tokens * (block_size + 1) // 2 if causal else tokens * block_size
-
-
-register_self_attention_flops(torch.ops.gemtrain.block_attn_fwd, torch.ops.gemtrain.block_attn_bwd, _pairs)
+# While tracing, every block is assumed whole.
+register_self_attention_flops(torch.ops.gemtrain.block_attn_fwd, torch.ops.gemtrain.block_attn_bwd, "block_size",
+                              lambda tokens, size, causal: tokens * (size + 1) // 2 if causal else tokens * size)
 
 
 # Eager calls skip the custom-op autograd layer (about 100 us of host time per forward and 100-160 us per
@@ -195,10 +190,7 @@ def block_attention(
 ) -> Tensor:
     """Block-local self-attention through the custom ops (inputs contiguous, validated by the caller)."""
     group = group_of(q.shape[0], block_size, q.shape[1], q.device)
-    if q.shape[0] == 0 or offsets.numel() <= 1:
-        work = torch.zeros((0, 2), dtype=torch.int32, device=q.device)
-    else:
-        work = block_work(offsets, q.shape[0], block_size, group)
+    work = self_attention_work(q, offsets, lambda: block_work(offsets, q.shape[0], block_size, group))
     return _BlockAttention.apply(
         q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation,
         bool(causal), float(scale), int(block_size), int(norm), group, work,

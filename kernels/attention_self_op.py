@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from kernels.attention_flops import BACKWARD_FACTOR
+from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_op import eager_autograd
 
 Tensor = torch.Tensor
@@ -56,12 +56,19 @@ def register_self_attention_autograd(name: str, fwd_op, bwd_op) -> type[torch.au
     return eager_autograd(name, fwd_op._opoverload, setup_context, backward)
 
 
-def register_self_attention_flops(fwd_op, bwd_op, pairs: Callable[..., int]) -> None:
+def register_self_attention_flops(fwd_op, bwd_op, option: str, traced_pairs: Callable[[int, int, bool], int]) -> None:
     """FLOP formulas of both ops: 4 * visible pairs * H * D forward, ``BACKWARD_FACTOR`` times that backward.
 
-    ``pairs(offsets, num_targets, causal, size, tokens)`` counts the visible (query, key) pairs, ``size``
-    being the op's block size or window (its first option after ``scale``).
+    ``option`` names the op's size (``block_size`` or ``window``, its first option after ``scale``) as
+    ``visible_pairs`` takes it; ``traced_pairs(tokens, size, causal)`` is the count assumed while tracing, where
+    fake offsets carry no values.
     """
+
+    def pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, size: int, tokens: int) -> int:
+        try:
+            return visible_pairs(offsets, offsets, causal=causal, num_targets=num_targets, **{option: size})
+        except Exception:  # fake/meta offsets (tracing)
+            return traced_pairs(tokens, size, causal)
 
     @register_flop_formula(fwd_op, get_raw=True)
     def _fwd_flops(*args, out_val=None, **kwargs) -> int:
@@ -73,3 +80,10 @@ def register_self_attention_flops(fwd_op, bwd_op, pairs: Callable[..., int]) -> 
         q = args[1]
         return int(BACKWARD_FACTOR * 4 * pairs(args[6], args[7], args[13], args[15], q.shape[0]) * q.shape[1]
                    * q.shape[2])
+
+
+def self_attention_work(q: Tensor, offsets: Tensor, build: Callable[[], Tensor]) -> Tensor:
+    """An op's work list: ``build()``, or an empty one when there are no tokens or no rows."""
+    if q.shape[0] == 0 or offsets.numel() <= 1:
+        return torch.zeros((0, 2), dtype=torch.int32, device=q.device)
+    return build()

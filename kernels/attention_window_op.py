@@ -16,7 +16,6 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
-from kernels.attention_flops import visible_pairs
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
@@ -26,6 +25,7 @@ from kernels.attention_self_op import (
     fake_backward,
     register_self_attention_autograd,
     register_self_attention_flops,
+    self_attention_work,
     table_grad,
 )
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
@@ -238,14 +238,9 @@ def _(do, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ti
     return fake_backward(q, k, v, pos_weight, time_weight)
 
 
-def _pairs(offsets: Tensor, num_targets: Tensor | None, causal: bool, window: int, tokens: int) -> int:
-    try:
-        return visible_pairs(offsets, offsets, causal=causal, window=window, num_targets=num_targets)
-    except Exception:  # fake/meta offsets (tracing): no values, so assume every query sees a whole window
-        return tokens * (window + 1 if causal else 2 * window + 1)
-
-
-register_self_attention_flops(torch.ops.gemtrain.window_attn_fwd, torch.ops.gemtrain.window_attn_bwd, _pairs)
+# While tracing, every query is assumed to see a whole window.
+register_self_attention_flops(torch.ops.gemtrain.window_attn_fwd, torch.ops.gemtrain.window_attn_bwd, "window",
+                              lambda tokens, window, causal: tokens * (window + 1 if causal else 2 * window + 1))
 
 
 # Eager calls skip the custom-op autograd layer (as the block ops do); callers of the raw forward op get its
@@ -259,10 +254,7 @@ def window_attention(
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None, norm: int,
 ) -> Tensor:
     """Sliding-window self-attention through the custom ops (inputs contiguous, validated by the caller)."""
-    if q.shape[0] == 0 or offsets.numel() <= 1:
-        work = torch.zeros((0, 2), dtype=torch.int32, device=q.device)
-    else:
-        work = window_work(offsets, q.shape[0], tile_of(q))
+    work = self_attention_work(q, offsets, lambda: window_work(offsets, q.shape[0], tile_of(q)))
     return _WindowAttention.apply(
         q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation,
         bool(causal), float(scale), int(window), int(norm), work,

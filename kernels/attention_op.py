@@ -13,7 +13,7 @@ from torch.utils.flop_counter import register_flop_formula
 from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
+from kernels.attention_triton_bwd import delta_kernel, jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
 from kernels.attention_worklist import fits, work_list_triton
@@ -146,7 +146,7 @@ def jagged_attn_bwd(
     do = do.contiguous()
     plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
-    delta = (do.float() * out.float()).sum(-1) if activation == "softmax" else lse
+    delta = softmax_delta(out, do) if activation == "softmax" else lse
     scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
     # The forward's list of query tiles serves as the list of KV tiles when both sides are the same
     # rows tiled alike (self-attention), and as the dq pass's list when its tile is the forward's.
@@ -174,6 +174,19 @@ def jagged_attn_bwd(
         _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_M=plan["tile_q_bwd"], **meta,
     )
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+
+
+def softmax_delta(out: Tensor, do: Tensor) -> Tensor:
+    """``(do.float() * out.float()).sum(-1)``, ``[tokens, H]`` fp32, in one Triton pass."""
+    out, do = out.contiguous(), do.contiguous()
+    d = out.shape[-1]
+    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    n_rows = delta.numel()
+    block_d = max(16, triton.next_power_of_2(d))
+    block_r = max(1, 8192 // block_d)  # 8K elements per operand and program
+    delta_kernel[(triton.cdiv(n_rows, block_r),)](out, do, delta, n_rows, HEAD_DIM=d, BLOCK_D=block_d,
+                                                   BLOCK_R=block_r, num_warps=8)
+    return delta
 
 
 def _cast(grad: Tensor, table: Tensor | None) -> Tensor:

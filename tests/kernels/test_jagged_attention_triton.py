@@ -183,3 +183,17 @@ def test_eager_autograd_node_equals_the_ops_registered_autograd(monkeypatch, cro
     assert len(eager) == len(registered) == 6
     for a, b in zip(eager, registered):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dim", [32, 48, 128])
+def test_softmax_delta_pass_equals_the_float_product(dim):
+    """The backward's one-pass ``delta`` against the fp32 row dot product, rows not a multiple of the
+    program's block and a head dim that is not a power of two."""
+    from kernels.attention_op import softmax_delta
+
+    g = torch.Generator().manual_seed(dim)
+    out = torch.randn(77, 3, dim, generator=g).to(torch.float16)
+    do = torch.randn(77, 3, dim, generator=g).to(torch.float16)
+    delta = softmax_delta(out, do)
+    assert delta.shape == (77, 3) and delta.dtype == torch.float32
+    torch.testing.assert_close(delta, (do.float() * out.float()).sum(-1), rtol=1e-5, atol=1e-5)

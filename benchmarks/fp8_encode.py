@@ -1,14 +1,16 @@
-"""Element encoding of the FP8 cast kernels: the exact integer encoder (``kernels.mx_triton._encode_e4m3`` /
-``_encode_e5m2``) against the GPU's conversion instruction (``.to(tl.float8e4nv)``, round to nearest even),
-on one streaming pass over a bf16 tensor (scale, clamp, encode, store one byte per element).
+"""Element encoding of the FP8 cast kernels: the exact integer encoder (``kernels.mx_triton._encode_e4m3_int`` /
+``_encode_e5m2_int``, what the kernels run under the interpreter) against the GPU's conversion instruction
+(``.to(tl.float8e4nv)``, round to nearest even, what they run on the GPU), on one streaming pass over a bf16
+tensor (scale, clamp, encode, store one byte per element).
 
     PYTHONPATH=. python benchmarks/fp8_encode.py [--rows 65536] [--cols 4096]
 
 Three variants of the same kernel: ``floor`` (no encoding: the byte is a plain integer truncation, the memory
-cost alone), ``integer`` (what the cast kernels run today) and ``hardware``. First both encoders' codes are
+cost alone), ``integer`` (the interpreter's encoder) and ``hardware`` (the GPU's). First both encoders' codes are
 compared bit for bit with torch's own conversion (round to nearest even) on values that reach every e4m3 /
 e5m2 case: normals, subnormals, ties, the clamp bounds, zeros. Under ``TRITON_INTERPRET=1`` the
-interpreter's fp8 conversion rounds subnormal ties wrongly, so only the integer rows hold there. Then each variant is timed (CUDA-event median) with its GB/s and the ratio
+interpreter's fp8 conversion rounds subnormal ties wrongly, so only the integer rows hold there. Then each
+variant is timed (CUDA-event median) with its GB/s and the ratio
 integer / hardware. Whether the cast passes are bound by the encoder's arithmetic or by memory is what the
 floor and hardware rows tell.
 """
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.mx_triton import _encode_e4m3, _encode_e5m2  # noqa: E402
+from kernels.mx_triton import _encode_e4m3_int, _encode_e5m2_int  # noqa: E402
 
 MODES = {"floor": 0, "integer": 1, "hardware": 2}
 FORMATS = {"e4m3": (False, 448.0), "e5m2": (True, 57344.0)}
@@ -42,9 +44,9 @@ def _encode_kernel(x_ptr, q_ptr, n, inv, MODE: tl.constexpr, E5M2: tl.constexpr,
         code = y.to(tl.int32).to(tl.uint8)
     elif MODE == 1:
         if E5M2:
-            code = _encode_e5m2(y).to(tl.uint8)
+            code = _encode_e5m2_int(y).to(tl.uint8)
         else:
-            code = _encode_e4m3(y).to(tl.uint8)
+            code = _encode_e4m3_int(y).to(tl.uint8)
     else:
         if E5M2:
             code = y.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)

@@ -466,14 +466,6 @@ def main(argv: list[str]) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     out: list[str] = []
-    # dq=kernel|atomic (any subcommand): how the backward computes dq (kernels.attention_op.DQ_MODE)
-    dq_mode = next((a[3:] for a in argv[2:] if a.startswith("dq=")), None)
-    if dq_mode:
-        from kernels import attention_op
-
-        attention_op.DQ_MODE = dq_mode
-        print(f"# attention_op.DQ_MODE = {dq_mode}", flush=True)
-    argv = [a for a in argv if not a.startswith("dq=")]
     what = argv[1] if len(argv) > 1 else "bench"
     if what == "check":  # check [SHARD SHARDS] [match=A,B|C]
         match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)

@@ -1,6 +1,6 @@
 """Where one jagged attention forward+backward spends its time: host (Python, launches) vs GPU kernels.
 
-    python benchmarks/attention_profile.py B [dq=atomic]    # a standard batch of the device README
+    python benchmarks/attention_profile.py B     # a standard batch of the device README
 
 Prints the wall time of one call against the summed GPU kernel time (a call whose wall time is well
 above its kernel time is bound by host work), then the top operators by host time and by GPU time.
@@ -54,10 +54,4 @@ def main(name: str = "B", iters: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    # attention_profile.py [A|B] [dq=kernel|atomic]
-    for arg in sys.argv[2:]:
-        if arg.startswith("dq="):
-            from kernels import attention_op
-
-            attention_op.DQ_MODE = arg[3:]
     main(*(sys.argv[1:2] or ["B"]))

@@ -156,20 +156,16 @@ def jagged_attn_bwd(
     if work_kv is None:
         work_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])[0]
     n_kv = work_kv.shape[0]
-    dq_acc_mode = _dq_accumulation(plan)
-    # fp32 dq sums of the one-kernel backward; a stand-in when the dq kernel runs (autotuning zeroes it,
-    # like the table-gradient stand-ins, so none of them may alias an input).
-    dq_acc = torch.zeros(q.shape if dq_acc_mode else (1,), dtype=torch.float32, device=q.device)
+    # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table)
+    # must not alias an input such as lse.
     stand_in = torch.zeros(1, dtype=torch.float32, device=q.device)
     jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
-        q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, dq_acc,
-        descriptor(dq_acc, dq_acc_mode == 2), q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work_kv,
+        q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
+        kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else stand_in,
         dtime if time_weight is not None else stand_in, _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], DQ_ACC=dq_acc_mode, **meta,
+        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], **meta,
     )
-    if dq_acc_mode:
-        return dq_acc.to(q.dtype), dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
     work_q = work if work is not None and plan["tile_q_bwd"] == fwd_tile else None
     if work_q is None:
         work_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])[0]
@@ -181,21 +177,6 @@ def jagged_attn_bwd(
         _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_M=plan["tile_q_bwd"], **meta,
     )
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
-
-
-# How the backward computes dq: "kernel" (its own pass over the keys, recomputing the scores: deterministic),
-# "atomic" (the dk/dv kernel adds each pair's dS·K into fp32 sums: 5 tile matmuls per pair instead of 7).
-DQ_MODE = "kernel"
-
-
-def _dq_accumulation(plan: dict) -> int:
-    """``DQ_ACC`` of the dk/dv kernel: 0 (dq kernel), 1 (element atomics) or 2 (bulk tensor reduces, where
-    the tiles stream through descriptors; the interpreter has no tensor reduce)."""
-    if DQ_MODE == "kernel":
-        return 0
-    if DQ_MODE != "atomic":
-        raise ValueError(f"attention_op.DQ_MODE must be 'kernel' or 'atomic', got {DQ_MODE!r}")
-    return 2 if plan["tma"] and not INTERPRET else 1
 
 
 def softmax_delta(out: Tensor, do: Tensor) -> Tensor:

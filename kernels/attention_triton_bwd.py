@@ -1,14 +1,12 @@
 """Triton backward of jagged attention.
 
-Two kernels, no atomics on q/k/v gradients (so gradients are deterministic), or one (``DQ_ACC``):
+Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
 
 * ``dkdv``: one program per (KV tile, head), looping over the queries that can see the tile; it also
   sums the score gradients per bias-table bucket in registers over the whole loop (``table_grad_span``:
   one reduction per tile and bucket threshold, by diagonal near the diagonal) and adds them to the
   tables once at its end (fp32 atomics, one per bucket).
 * ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward).
-  With ``DQ_ACC`` the dk/dv programs add each pair's ``dS·K`` to an fp32 accumulator instead (fp32
-  atomics, order-dependent rounding): 5 tile matmuls per pair instead of 7, and no dq kernel.
 
 Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i`` (``delta_kernel``, one streaming pass
 first); pointwise: ``ds = dp * act'(s) / n``.
@@ -58,7 +56,7 @@ CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
 
 def _configs(name: str) -> list[triton.Config]:
     if name == "dkdv":
-        return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_M", "QD", "DOD", "DQAD"))
+        return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_M", "QD", "DOD"))
     return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD"))
 
 
@@ -99,13 +97,12 @@ def _dkdv_tile(
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-    USE_TMA: tl.constexpr, WIDE: tl.constexpr, DQA=None, DQAD=None, scale=1.0, DQ_ACC: tl.constexpr = 0,
+    USE_TMA: tl.constexpr, WIDE: tl.constexpr,
 ):
     """One Q tile of the dk/dv loop; ``dpos`` / ``dtime``: the program's per-bucket table gradients;
     ``WIDE``: a loop over few tiles near the diagonal (see ``table_grad_span``); keys at positions
     ``k_first .. k_last`` with timestamps in ``tk_min .. tk_max``. ``MASKED=False``: a whole Q tile
-    (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds).
-    ``DQ_ACC`` (see ``add_dq``): also add the tile's ``scale · dS·K`` to the fp32 dq accumulator."""
+    (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds)."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_q = shift + offs_m
@@ -130,9 +127,6 @@ def _dkdv_tile(
     p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-    if DQ_ACC > 0:
-        add_dq(DQA, DQAD, tl.dot(ds.to(k.dtype), k, input_precision=PREC) * scale, q_start, start_m, offs_m, m_ok,
-               h, offs_d, d_ok, H, HEAD_DIM, DQ_ACC)
     if HAS_POS or HAS_TIME:
         total = tl.sum(ds)
         base = shift + start_m - k_first  # relative position of the tile's first (query, key) pair
@@ -143,19 +137,6 @@ def _dkdv_tile(
             dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
                                     NUM_TIME, TIME_PAD, False, SPAN_TIME, WIDE, BLOCK_M, BLOCK_N)
     return dk, dv, dpos, dtime
-
-
-@triton.jit
-def add_dq(DQA, DQAD, dq, q_start, start_m, offs_m, m_ok, h, offs_d, d_ok, H: tl.constexpr, HEAD_DIM: tl.constexpr,
-           DQ_ACC: tl.constexpr):
-    """Add a Q tile's dq part to the fp32 accumulator ``[tokens, H, D]``: ``DQ_ACC=1`` element atomics
-    (masked to the row), ``2`` one bulk tensor reduce through ``DQAD`` (rows past the jagged row hold the
-    next row's tokens and receive the zeros the masked scores give them)."""
-    if DQ_ACC == 2:
-        DQAD.atomic_add([(q_start + start_m).to(tl.int32), h * HEAD_DIM], dq)
-    else:
-        rows = (q_start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-        tl.atomic_add(DQA + rows, dq, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
 
 
 @triton.jit
@@ -189,22 +170,19 @@ def _dq_tile(
     return dq
 
 
-@triton.autotune(configs=_configs("dkdv"), key=_KEY + ["DQ_ACC"], reset_to_zero=["DPOSW", "DTIMEW", "DQA"],
+@triton.autotune(configs=_configs("dkdv"), key=_KEY, reset_to_zero=["DPOSW", "DTIMEW"],
                  prune_configs_by={"early_config_prune": config_prune("BLOCK_M", "BLOCK_N")})
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, DQA, DQAD, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
+    Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
-    DQ_ACC: tl.constexpr,
 ):
-    """dK, dV (and the table gradients) of one KV tile and head; with ``DQ_ACC`` > 0 also every Q tile's
-    dq part, added into ``DQA`` (fp32, zeroed by the caller; ``add_dq``), so no dq kernel runs."""
     pid = tl.program_id(0)
     item = pid // H
     h = pid % H
@@ -265,8 +243,7 @@ def jagged_attn_bwd_dkdv_kernel(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, mid, shift,
             kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
-            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
-            DQA, DQAD, scale, DQ_ACC)
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
     if HAS_POS or HAS_TIME:
         # The whole tiles near the keys (``near_tiles``: where position buckets vary within a tile and log
         # time buckets change fastest) run in their own short loop, which may sum a wide span by diagonal
@@ -279,37 +256,32 @@ def jagged_attn_bwd_dkdv_kernel(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
                 kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
-            DQA, DQAD, scale, DQ_ACC)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
         for start_m in range(near_lo, near_hi, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
                 kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True,
-            DQA, DQAD, scale, DQ_ACC)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True)
         for start_m in range(near_hi, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
                 kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
-            DQA, DQAD, scale, DQ_ACC)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
     else:
         for start_m in range(mid, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
                 kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
-            DQA, DQAD, scale, DQ_ACC)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
     for start_m in range(full_end, hi, BLOCK_M):
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, hi, shift,
             kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
-            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
-            DQA, DQAD, scale, DQ_ACC)
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
 
     if HAS_POS:
         flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)

@@ -197,3 +197,27 @@ def test_softmax_delta_pass_equals_the_float_product(dim):
     delta = softmax_delta(out, do)
     assert delta.shape == (77, 3) and delta.dtype == torch.float32
     torch.testing.assert_close(delta, (do.float() * out.float()).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_autotune_reset_arguments_never_alias_an_input(monkeypatch):
+    """The dk/dv kernel's autotuner zeroes DPOSW/DTIMEW between trial runs: without tables their stand-ins
+    must be scratch, not an input (an aliased lse would be zeroed before the real run)."""
+    from kernels import attention_op
+
+    kernel = attention_op.jagged_attn_bwd_dkdv_kernel
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(dict(zip(kernel.arg_names, args)))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(attention_op, "jagged_attn_bwd_dkdv_kernel", Spy())
+    p = make_problem(seed=300, lq=[5, 9], lk=[5, 9], heads=1, bias=False)
+    run(p, torch.float32, "triton", causal=True)
+    assert launches and set(kernel.reset_to_zero) == {"DPOSW", "DTIMEW"}
+    inputs = [t for name, t in launches[0].items() if name in ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV")]
+    for name in kernel.reset_to_zero:
+        assert all(launches[0][name].data_ptr() != t.data_ptr() for t in inputs), name

@@ -30,9 +30,9 @@ bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ``"fp32"`` (high precision: the input is kept for the backward instead of its FP8 copy).
 ``blockwise_wgrad="128x128"`` quantizes the saved input in 128x128 tiles, so the blockwise weight-gradient
 GEMM runs as (1x128, 128x128) instead of the slower (1x128, 1x128). Measured on an H200
-(benchmarks/RESULTS.md, 2026-11-30): ``tensorwise`` (dY in e5m2) is the fastest recipe on the large MLP shapes
-(1.21x bf16 ``nn.Linear`` over both MLP layers), then ``blockwise`` with ``wgrad="bf16"`` (1.14x); tensorwise with
-delayed scaling ran 1.20x against 1.19x for current scaling in the same run (fourth round).
+(benchmarks/RESULTS.md, FP8 fifth round): ``tensorwise`` (dY in e5m2) is the fastest recipe on the large MLP
+shapes, 1.42x bf16 ``nn.Linear`` over both MLP layers with delayed scaling and 1.31x with current scaling, then
+``blockwise`` (1.12x).
 
 ``scaling`` (tensorwise only): ``"current"`` (default) derives each cast's scale from the tensor itself (an amax
 pass, then the cast pass); ``"delayed"`` casts x and dY with a scale from the max amax of the last

@@ -57,10 +57,11 @@ class PrecisionPolicy:
     default until a quality run says otherwise."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
-    # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, 2026-11-30):
-    # "tensorwise" (1.21x bf16 on the large MLP shapes), then "blockwise" with wgrad "bf16" (1.14x);
-    # interaction-sized layers lose in FP8. Held-out NE of FP8-linear training is not yet within the 0.1% target.
-    # scaling="delayed" (tensorwise): 1.20x against 1.19x for current scaling in the same run; no quality run yet.
+    # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
+    # round): "tensorwise" with scaling="delayed", 1.42x bf16 over the gem_medium MLP's two linears (current
+    # scaling 1.31x, blockwise 1.12x); interaction-sized layers lose in FP8 (0.12-0.22x, host-bound).
+    # Held-out NE of FP8-linear training is inside run-to-run noise but the 0.1% target is below it; delayed
+    # scaling has no quality run yet.
     attention: str = "bf16"
     mlp: str = "bf16"
     interaction: str = "bf16"

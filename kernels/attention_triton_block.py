@@ -25,6 +25,7 @@ from kernels.attention_triton_bias import (
 )
 from kernels.attention_triton_common import (
     act_fwd,
+    fast_act,
     load_times,
     score_grads,
     score_scales,
@@ -123,7 +124,7 @@ def block_attn_fwd_kernel(
             lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("inf"))
             tl.store(LSE + (start + pos) * H + h, lse, mask=ok)
         else:
-            p = tl.where(vis, act_fwd(s, ACT), 0.0)
+            p = tl.where(vis, act_fwd(s, ACT, fast_act(v)), 0.0)
             out = tl.dot(p.to(v.dtype), v, input_precision=PREC) * inv_n
         tl.store(OUT + rows, out.to(OUT.dtype.element_ty), mask=ok[:, None] & d_ok[None, :])
 
@@ -181,7 +182,7 @@ def block_attn_bwd_kernel(
             o = stream_tile(OD, OUT + rows, start + b0, col, ok, d_ok, True, EVEN_D, USE_TMA)
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
             lse = tl.load(LSE + (start + pos) * H + h, mask=ok, other=float("inf"))
-        p, ds = score_grads(s, dp, lse, delta, vis, inv_n, ACT, True)
+        p, ds = score_grads(s, dp, lse, delta, vis, inv_n, ACT, True, fast_act(do))
         mask = ok[:, None] & d_ok[None, :]
         dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         tl.store(DV + rows, dv.to(DV.dtype.element_ty), mask=mask)

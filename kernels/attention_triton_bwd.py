@@ -31,6 +31,7 @@ from kernels.attention_triton_bias import (
 from kernels.attention_triton_common import (
     config_prune,
     descriptor_hook,
+    fast_act,
     kernel_configs,
     kv_range,
     load_times,
@@ -124,7 +125,7 @@ def _dkdv_tile(
     if ACT == 0:
         lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
         delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
-    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
+    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED, fast_act(do))
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     if HAS_POS or HAS_TIME:
@@ -165,7 +166,7 @@ def _dq_tile(
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-    _, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED)
+    _, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED, fast_act(do))
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     return dq
 

@@ -293,15 +293,15 @@ def softmax_step(s, m_i, l_i, ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr):
+def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr = False):
     """(p, ds) of a tile: softmax ``p = exp2(s - lse)``, ``ds = p * (dp - delta)``; pointwise
-    ``p = act(s) / n``, ``ds = dp * act'(s) / n``. ``MASKED``: zero outside ``ok`` (where a neighbour
-    row's token may give a non-finite ``dp``, and ``lse`` may be +inf)."""
+    ``p = act(s) / n``, ``ds = dp * act'(s) / n`` (``FAST``: see ``act_fwd``). ``MASKED``: zero outside
+    ``ok`` (where a neighbour row's token may give a non-finite ``dp``, and ``lse`` may be +inf)."""
     if ACT == 0:
         p = tl.exp2(s - lse[:, None])
         ds = p * (dp - delta[:, None])
     else:
-        a, da = act_fwd_bwd(s, ACT)
+        a, da = act_fwd_bwd(s, ACT, FAST)
         p = a * inv_n
         ds = dp * da * inv_n
     if MASKED:
@@ -310,30 +310,57 @@ def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.cons
     return p, ds
 
 
-@triton.jit
-def sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
+# The GPU's one-instruction tanh (``tanh.approx.f32``, max relative error ~2^-11) serves the pointwise
+# activations of bf16 inputs, whose products are rounded to 2^-8 anyway: one special-function op per score
+# instead of two (exp and reciprocal); fp16/fp32 inputs and the interpreter keep the exact formulas.
+FAST_TANH = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
-def act_fwd(s, ACT: tl.constexpr):
-    """silu (ACT=1) or tanh-approximated gelu (ACT=2) of a float32 tile."""
-    if ACT == 1:
-        return s * sigmoid(s)
+def fast_act(x):
+    """Whether tiles of ``x``'s dtype take the approximate tanh (bf16 on the GPU)."""
+    return FAST_TANH and x.dtype == tl.bfloat16
+
+
+@triton.jit
+def tanh_approx(x):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def sigmoid(x, FAST: tl.constexpr = False):
+    if FAST:
+        return 0.5 + 0.5 * tanh_approx(0.5 * x)
     else:
-        u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
-        t = 2.0 * sigmoid(2.0 * u) - 1.0
-        return 0.5 * s * (1.0 + t)
+        return 1.0 / (1.0 + tl.exp(-x))
 
 
 @triton.jit
-def act_fwd_bwd(s, ACT: tl.constexpr):
+def _gelu_tanh(s, FAST: tl.constexpr):
+    u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
+    if FAST:
+        return tanh_approx(u)
+    else:
+        return 2.0 * sigmoid(2.0 * u) - 1.0
+
+
+@triton.jit
+def act_fwd(s, ACT: tl.constexpr, FAST: tl.constexpr = False):
+    """silu (ACT=1) or tanh-approximated gelu (ACT=2) of a float32 tile; ``FAST`` (``fast_act``): through
+    the GPU's approximate tanh."""
+    if ACT == 1:
+        return s * sigmoid(s, FAST)
+    else:
+        return 0.5 * s * (1.0 + _gelu_tanh(s, FAST))
+
+
+@triton.jit
+def act_fwd_bwd(s, ACT: tl.constexpr, FAST: tl.constexpr = False):
     """(act(s), act'(s)) for silu (ACT=1) or tanh-approximated gelu (ACT=2)."""
     if ACT == 1:
-        sg = sigmoid(s)
+        sg = sigmoid(s, FAST)
         return s * sg, sg * (1.0 + s * (1.0 - sg))
     else:
-        u = 0.7978845608028654 * (s + 0.044715 * s * s * s)
-        t = 2.0 * sigmoid(2.0 * u) - 1.0
+        t = _gelu_tanh(s, FAST)
         du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * s * s)
         return 0.5 * s * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * du

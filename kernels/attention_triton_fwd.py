@@ -19,6 +19,7 @@ from kernels.attention_triton_common import (
     act_fwd,
     config_prune,
     descriptor_hook,
+    fast_act,
     kernel_configs,
     kv_range,
     load_rows,
@@ -72,7 +73,7 @@ def _fwd_tile(
         p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, ok, MASKED)
         acc = acc * alpha[:, None]
     else:
-        p = act_fwd(s, ACT)
+        p = act_fwd(s, ACT, fast_act(v))
         if MASKED:
             p = tl.where(ok, p, 0.0)
     acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)

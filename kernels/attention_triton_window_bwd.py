@@ -29,6 +29,7 @@ import triton.language as tl
 from kernels.attention_triton_bias import SPAN_POS, SPAN_TIME, min_max, table_grad_span
 from kernels.attention_triton_bwd import _scores
 from kernels.attention_triton_common import (
+    fast_act,
     load_rows,
     load_vec,
     score_grads,
@@ -100,7 +101,7 @@ def _dkdv_ds_tile(
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         else:
             delta = load_vec(DELTA + (start + offs_m) * H + h, m_ok, 0.0, True)
-    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, True)
+    p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, True, fast_act(do))
     ds_lo = ds.to(q.dtype)
     if DS_TMA:
         DSD.store([ds_row0.to(tl.int32), 0], ds_lo)

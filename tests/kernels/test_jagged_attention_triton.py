@@ -221,3 +221,15 @@ def test_autotune_reset_arguments_never_alias_an_input(monkeypatch):
     inputs = [t for name, t in launches[0].items() if name in ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV")]
     for name in kernel.reset_to_zero:
         assert all(launches[0][name].data_ptr() != t.data_ptr() for t in inputs), name
+
+
+def test_pointwise_activations_through_tanh_equal_the_exact_forms():
+    """The GPU's bf16 path computes sigmoid(x) as 0.5 + 0.5 tanh(x / 2) and gelu's inner 2 sigmoid(2u) - 1 as
+    tanh(u) (``attention_triton_common``); the interpreter (these tests) takes the exact forms."""
+    from kernels import attention_triton_common as common
+
+    x = torch.linspace(-30, 30, 2001, dtype=torch.float64)
+    torch.testing.assert_close(0.5 + 0.5 * torch.tanh(0.5 * x), torch.sigmoid(x), rtol=1e-12, atol=1e-15)
+    u = 0.7978845608028654 * (x + 0.044715 * x**3)
+    torch.testing.assert_close(torch.tanh(u), 2.0 * torch.sigmoid(2.0 * u) - 1.0, rtol=1e-12, atol=1e-12)
+    assert not common.FAST_TANH.value, "under the interpreter the kernels must take the exact formulas"

@@ -156,9 +156,9 @@ def jagged_attn_bwd(
     if work_kv is None:
         work_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])[0]
     n_kv = work_kv.shape[0]
-    # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table)
-    # must not alias an input such as lse.
-    stand_in = torch.zeros(1, dtype=torch.float32, device=q.device)
+    # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table;
+    # never read) must not alias an input such as lse.
+    stand_in = torch.empty(1, dtype=torch.float32, device=q.device)
     jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
         q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,

@@ -475,6 +475,9 @@ def main(argv: list[str]) -> None:
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
         BENCH_CALLS = next((int(a[6:]) for a in argv[2:] if a.startswith("calls=")), 1)
         for name in [a for a in argv[2:] if not a.startswith(("rows=", "calls="))] or ["A", "B"]:
+            # flex_attention recompiles per batch shape; after batch A's rows dynamo's recompile limit left
+            # batch B's flex rows on the eager fallback, which ran out of memory (RESULTS.md): start clean.
+            torch._dynamo.reset()
             out += bench(name, only) + [""]
     elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
         out = fp8(argv[2] if len(argv) > 2 else "A")

@@ -97,8 +97,14 @@ def _check_2d(x: torch.Tensor, where: str) -> None:
 def _pick_backend(backend: str, x: torch.Tensor, where: str) -> str:
     if backend not in _BACKENDS:
         raise MXFormatError(f"{where}: backend must be one of {_BACKENDS}, got {backend!r}")
+    # The Triton quantizers encode with the GPU's fp8 conversion, which needs sm_89+ (as every FP8 GEMM does);
+    # older GPUs (emulated recipes) quantize with the reference.
+    fp8_gpu = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
     if backend == "auto":
-        return "triton" if x.is_cuda else "ref"
+        return "triton" if fp8_gpu else "ref"
+    if backend == "triton" and x.is_cuda and not fp8_gpu:
+        raise MXFormatError(f"{where}: the Triton quantizers need a GPU of compute capability 8.9+ (fp8 "
+                            "conversion); use backend='ref' or 'auto' on this GPU")
     return backend
 
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 # The interpreter's fp8 conversion rounds subnormal ties wrongly, so it takes the integer encoders. The cvt
-# needs sm_89+, as every FP8 GEMM route here does.
+# needs sm_89+, as every FP8 GEMM route here does (``kernels.mx`` quantizes with the reference on older GPUs).
 HW_CVT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 

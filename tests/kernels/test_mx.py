@@ -228,3 +228,20 @@ def test_rejects_bad_inputs():
         mx_triton.quantize(torch.zeros(128, 128), 128, False, True, True, tiles=(128, 64, 4))
     with pytest.raises(mx.MXFormatError, match="unknown kind"):
         mx.dequantize_scaled(mx.ScaledTensor(torch.zeros(1, 1), torch.ones(1, 1), (1, 1), "2x2"))
+
+
+def test_auto_backend_keeps_pre_fp8_gpus_on_the_reference(monkeypatch):
+    """The Triton quantizers encode with the GPU's fp8 conversion (sm_89+): on an older GPU "auto" picks the
+    reference and an explicit "triton" is refused with what to do (fault injected: the device capability)."""
+    from types import SimpleNamespace
+
+    from kernels.mx import MXFormatError, _pick_backend
+
+    gpu = SimpleNamespace(is_cuda=True, device="cuda:0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert _pick_backend("auto", gpu, "test") == "ref"
+    with pytest.raises(MXFormatError, match="8.9"):
+        _pick_backend("triton", gpu, "test")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert _pick_backend("auto", gpu, "test") == "triton"
+    assert _pick_backend("auto", torch.zeros(1), "test") == "ref"

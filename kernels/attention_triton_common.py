@@ -313,7 +313,7 @@ def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.cons
 # The GPU's one-instruction tanh (``tanh.approx.f32``, max relative error ~2^-11) serves the pointwise
 # activations of bf16 inputs, whose products are rounded to 2^-8 anyway: one special-function op per score
 # instead of two (exp and reciprocal); fp16/fp32 inputs and the interpreter keep the exact formulas.
-FAST_TANH = tl.constexpr(not INTERPRET)
+FAST_TANH = tl.constexpr(not INTERPRET and torch.version.hip is None)  # a PTX instruction: NVIDIA only
 
 
 @triton.jit

@@ -38,7 +38,7 @@ import torch
 import triton
 from torch import nn
 
-from kernels import mx, mx_triton
+from kernels import mx, mx_triton, mx_triton_tensorwise
 from kernels.fp8_linear import Fp8Config, Fp8Linear, fp8_step
 
 VARIANTS = [  # (label, config kwargs)
@@ -287,7 +287,7 @@ def time_delayed_casts(x: torch.Tensor, copy_bw: float) -> list[dict]:
         for programs in (1056, 2112, 4224, 8448):
             rs = max(1, min(row_tiles, programs // col_tiles))
             try:
-                t = bench(lambda tiles=tiles, rs=rs: mx_triton.quantize_tensorwise(
+                t = bench(lambda tiles=tiles, rs=rs: mx_triton_tensorwise.quantize_tensorwise(
                     x, True, True, "e4m3", tiles=tiles, history=hist, step=1, window=16, use_history=True,
                     row_step=rs), rep=50)
             except Exception as e:
@@ -299,13 +299,13 @@ def time_delayed_casts(x: torch.Tensor, copy_bw: float) -> list[dict]:
                             "programs", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
             if best is None or t < best[0]:
                 best = (t, tiles, programs)
-    mx_triton.TENSORWISE_DELAYED_TILES = tuple(best[1])
-    mx_triton.TENSORWISE_CAST_PROGRAMS = best[2]
+    mx_triton_tensorwise.TENSORWISE_DELAYED_TILES = tuple(best[1])
+    mx_triton_tensorwise.TENSORWISE_CAST_PROGRAMS = best[2]
     out.sort(key=lambda r: r["ms"])
     out = out[:4]
     for label, row, col, cs in (("rows, one pass", True, False, False),
                                 ("both layouts + column sums (dY in the backward)", True, True, True)):
-        t = bench(lambda row=row, col=col, cs=cs: mx_triton.quantize_tensorwise(
+        t = bench(lambda row=row, col=col, cs=cs: mx_triton_tensorwise.quantize_tensorwise(
             x, row, col, "e5m2", col_sums=cs, history=hist, step=1, window=16, use_history=True), rep=100)
         bw = (x.element_size() * n + (row + col) * n) / t / 1e9
         out.append(dict(kernel=f"tensorwise delayed {label} ({best[2]} programs)", ms=t, tbps=bw,
@@ -358,16 +358,16 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[64, 128, 4]))
-    best = (None, mx_triton.TENSORWISE_TILES)
-    t_amax = bench(lambda: mx_triton.tensorwise_amax(x), rep=100)
+    best = (None, mx_triton_tensorwise.TENSORWISE_TILES)
+    t_amax = bench(lambda: mx_triton_tensorwise.tensorwise_amax(x), rep=100)
     for label, row, col in (("tensorwise rows (amax pass + cast pass)", True, False),
                             ("tensorwise both layouts (amax pass + one cast pass)", True, True)):
-        t = bench(lambda row=row, col=col: mx_triton.quantize_tensorwise(x, row, col, "e4m3"), rep=100)
+        t = bench(lambda row=row, col=col: mx_triton_tensorwise.quantize_tensorwise(x, row, col, "e4m3"), rep=100)
         bw = (nbytes_in * 2 + (row + col) * x.numel()) / t / 1e9  # x is read twice
         out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(best[1])))
     bw = nbytes_in / t_amax / 1e9
     out.append(dict(kernel="tensorwise amax pass alone (read only)", ms=t_amax, tbps=bw, pct_copy=100 * bw / copy_bw,
-                    tiles=list(mx_triton.TENSORWISE_AMAX_TILES)))
+                    tiles=list(mx_triton_tensorwise.TENSORWISE_AMAX_TILES)))
     if only_tensorwise:
         return copy_bw, out
     q = mx.mx_quantize(x, 1, backend="triton")
@@ -474,9 +474,9 @@ def main() -> None:
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
     gemms = [] if prefixes else time_gemms(dev)  # --only: the layer table alone
     lin = time_linears(dev, shapes, variants)
-    print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton.TENSORWISE_TILES, "amax:",
-          mx_triton.TENSORWISE_AMAX_TILES, mx_triton.TENSORWISE_AMAX_PROGRAMS, "delayed cast:",
-          mx_triton.TENSORWISE_DELAYED_TILES, mx_triton.TENSORWISE_CAST_PROGRAMS)
+    print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton_tensorwise.TENSORWISE_TILES, "amax:",
+          mx_triton_tensorwise.TENSORWISE_AMAX_TILES, mx_triton_tensorwise.TENSORWISE_AMAX_PROGRAMS, "delayed cast:",
+          mx_triton_tensorwise.TENSORWISE_DELAYED_TILES, mx_triton_tensorwise.TENSORWISE_CAST_PROGRAMS)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(checks=checks, linears=lin, copy_tbps=copy_bw, quantizers=quant, gemms=gemms), f, indent=1)

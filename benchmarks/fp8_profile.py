@@ -17,7 +17,7 @@ import triton
 from torch import nn
 
 from benchmarks.fp8_linear import bench, fwd_bwd, layer_inputs
-from kernels import mx, mx_triton
+from kernels import mx, mx_triton_tensorwise
 from kernels.fp8_linear import Fp8Config, Fp8Linear
 
 
@@ -34,8 +34,8 @@ def sweep_amax(dev: str) -> list[dict]:
         for programs in (528, 1024, 2112):
             row_step = max(1, min(triton.cdiv(x.shape[0], tiles[0]), programs // col_tiles))
             try:
-                t = bench(lambda tiles=tiles, rs=row_step: mx_triton.tensorwise_amax(x, tiles, rs), rep=50)
-                tc = bench(lambda tiles=tiles, rs=row_step: mx_triton.tensorwise_amax(x, tiles, rs, col_sums=True),
+                t = bench(lambda tiles=tiles, rs=row_step: mx_triton_tensorwise.tensorwise_amax(x, tiles, rs), rep=50)
+                tc = bench(lambda tiles=tiles, rs=row_step: mx_triton_tensorwise.tensorwise_amax(x, tiles, rs, col_sums=True),
                            rep=50)
             except Exception as e:
                 print(f"amax tiles {tiles} x {programs}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
@@ -44,8 +44,8 @@ def sweep_amax(dev: str) -> list[dict]:
             out.append(dict(tiles=list(tiles), programs=programs, ms=t, ms_colsum=tc, tbps=bw,
                             pct_copy=100 * bw / copy_bw))
     best = min(out, key=lambda r: r["ms_colsum"])  # the backward uses the column-sum variant
-    mx_triton.TENSORWISE_AMAX_TILES = tuple(best["tiles"])
-    mx_triton.TENSORWISE_AMAX_PROGRAMS = best["programs"]
+    mx_triton_tensorwise.TENSORWISE_AMAX_TILES = tuple(best["tiles"])
+    mx_triton_tensorwise.TENSORWISE_AMAX_PROGRAMS = best["programs"]
     return out
 
 
@@ -188,7 +188,7 @@ def host_costs(dev: str, calls: int = 300) -> list[dict]:
     cases = [
         ("torch.empty (one allocation)", lambda: torch.empty(256, 256, device=dev)),
         ("torch.zeros(1) (allocation + fill launch)", lambda: torch.zeros(1, dtype=torch.int32, device=dev)),
-        ("tensorwise amax pass (zero fill + Triton launch)", lambda: mx_triton.tensorwise_amax(xd)),
+        ("tensorwise amax pass (zero fill + Triton launch)", lambda: mx_triton_tensorwise.tensorwise_amax(xd)),
         ("tensorwise quantize, both layouts, current (zero fill, amax, cast)", lambda: mx.quantize_tensorwise_both(xd)),
         ("tensorwise quantize, both layouts, delayed (one cast launch)",
          lambda: mx.quantize_tensorwise_both(xd, delayed=d1)),

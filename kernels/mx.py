@@ -456,12 +456,13 @@ def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3",
 
 def _tensorwise_triton(x: torch.Tensor, row: bool, col: bool, fmt: str, col_sums: bool,
                        delayed: DelayedScale | None) -> tuple:
-    from kernels import mx_triton
+    from kernels import mx_triton_tensorwise
 
     if delayed is None:
-        return mx_triton.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums)
-    return mx_triton.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums, history=delayed.history,
-                                         step=delayed.step, window=delayed.window, use_history=delayed.use_history)
+        return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums)
+    return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums, history=delayed.history,
+                                                    step=delayed.step, window=delayed.window,
+                                                    use_history=delayed.use_history)
 
 
 def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto",

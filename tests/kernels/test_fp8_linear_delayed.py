@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from kernels import mx, mx_triton
+from kernels import mx, mx_triton_tensorwise
 from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, fp8_step
 from tests.kernels.linear_steps import run
 
@@ -65,7 +65,7 @@ def test_recording_cast_loops_over_row_tiles(row_step):
     for step in range(2):
         d_ref = mx.DelayedScale(h_ref, step, 2, use_history=step > 0)
         a, b = mx.quantize_tensorwise_both(x * (step + 1), "e4m3", backend="ref", delayed=d_ref)
-        rows, cols, sums = mx_triton.quantize_tensorwise(x * (step + 1), True, True, "e4m3", col_sums=True,
+        rows, cols, sums = mx_triton_tensorwise.quantize_tensorwise(x * (step + 1), True, True, "e4m3", col_sums=True,
                                                          history=h_tri, step=step, window=2,
                                                          use_history=step > 0, row_step=row_step)
         assert torch.equal(bits(rows[0]), bits(a.data)) and torch.equal(bits(cols[0]), bits(b.data))

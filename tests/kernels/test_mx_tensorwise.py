@@ -9,7 +9,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton kernels are defi
 import pytest
 import torch
 
-from kernels import mx, mx_triton
+from kernels import mx, mx_triton_tensorwise
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -58,7 +58,7 @@ def test_e5m2_encoder_is_torchs_round_to_nearest_even():
     mids = (vals[:-1] + vals[1:]) / 2
     x = torch.cat([vals, mids, -vals, -mids, torch.tensor([57344.0])])
     x = torch.nn.functional.pad(x, (0, (-x.numel()) % 16)).reshape(-1, 16)
-    (q, s, _), _ = mx_triton.quantize_tensorwise(x, True, False, "e5m2")
+    (q, s, _), _ = mx_triton_tensorwise.quantize_tensorwise(x, True, False, "e5m2")
     assert s.item() == 1.0
     assert torch.equal(bits(q), bits(x.to(torch.float8_e5m2)))
 
@@ -103,9 +103,9 @@ def test_amax_pass_loops_over_row_tiles(row_step):
     """Each program of the amax pass walks every row_step-th row tile: the max (bits) must not depend on it."""
     x = finite_wide(200, 70, torch.bfloat16, seed=4)  # 4 row tiles of 64 with the default tiles
     want = (x.float().view(torch.int32) & 0x7FFFFFFF).max()
-    assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == want.item()
+    assert mx_triton_tensorwise.tensorwise_amax(x, row_step=row_step).item() == want.item()
     x[199, 69] = float("nan")  # in the last, partial row tile
-    assert mx_triton.tensorwise_amax(x, row_step=row_step).item() == 0x7FC00000
+    assert mx_triton_tensorwise.tensorwise_amax(x, row_step=row_step).item() == 0x7FC00000
 
 
 def test_rowwise_scales_gather_over_several_tiles():
@@ -124,7 +124,7 @@ def test_amax_pass_column_sums_are_the_bias_gradient(row_step):
     """col_sums: the amax pass also sums each column over all row tiles (partial sums per program, added by
     the caller); the amax and the codes stay the reference's bit for bit."""
     x = finite_wide(200, 70, torch.bfloat16, seed=6)
-    amax, sums = mx_triton.tensorwise_amax(x, row_step=row_step, col_sums=True)
+    amax, sums = mx_triton_tensorwise.tensorwise_amax(x, row_step=row_step, col_sums=True)
     assert amax.item() == (x.float().view(torch.int32) & 0x7FFFFFFF).max().item()
     torch.testing.assert_close(sums, x.float().sum(0), rtol=1e-5, atol=1e-5)
     for backend in ("ref", "triton"):

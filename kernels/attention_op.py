@@ -13,9 +13,10 @@ from torch.utils.flop_counter import register_flop_formula
 from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_bwd import delta_kernel, jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
+from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
 from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
+from kernels.attention_triton_window_bwd import softmax_delta_kernel
 from kernels.attention_worklist import fits, work_list_triton
 
 Tensor = torch.Tensor
@@ -146,11 +147,14 @@ def jagged_attn_bwd(
     do = do.contiguous()
     plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
-    delta = softmax_delta(out, do) if activation == "softmax" else lse
     scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
     # The forward's list of query tiles serves as the list of KV tiles when both sides are the same
-    # rows tiled alike (self-attention), and as the dq pass's list when its tile is the forward's.
+    # rows tiled alike (self-attention), and as the dq pass's (and delta's) list when its tile is the forward's.
     fwd_tile = plan["tile_q"]
+    work_q = work if work is not None and plan["tile_q_bwd"] == fwd_tile else None
+    if work_q is None:
+        work_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])[0]
+    delta = softmax_delta(out, do, q_offsets, work_q, plan["tile_q_bwd"]) if activation == "softmax" else lse
     self_attn = q_offsets.data_ptr() == kv_offsets.data_ptr() and q.shape[0] == k.shape[0]
     work_kv = work if work is not None and self_attn and plan["tile_kv"] == fwd_tile else None
     if work_kv is None:
@@ -166,9 +170,6 @@ def jagged_attn_bwd(
         dtime if time_weight is not None else stand_in, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], **meta,
     )
-    work_q = work if work is not None and plan["tile_q_bwd"] == fwd_tile else None
-    if work_q is None:
-        work_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])[0]
     n_q = work_q.shape[0]
     jagged_attn_bwd_dq_kernel[(n_q * q.shape[1],)](
         q, k, v, do, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
@@ -179,16 +180,14 @@ def jagged_attn_bwd(
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
 
 
-def softmax_delta(out: Tensor, do: Tensor) -> Tensor:
-    """``(do.float() * out.float()).sum(-1)``, ``[tokens, H]`` fp32, in one Triton pass."""
-    out, do = out.contiguous(), do.contiguous()
-    d = out.shape[-1]
-    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
-    n_rows = delta.numel()
-    block_d = max(16, triton.next_power_of_2(d))
-    block_r = max(1, 8192 // block_d)  # 8K elements per operand and program
-    delta_kernel[(triton.cdiv(n_rows, block_r),)](out, do, delta, n_rows, HEAD_DIM=d, BLOCK_D=block_d,
-                                                   BLOCK_R=block_r, num_warps=8)
+def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: int) -> Tensor:
+    """``(do.float() * out.float()).sum(-1)``, ``[tokens, H]`` fp32, in one Triton pass over the query tiles of
+    ``work`` (``tile`` rows each, over ``offsets``)."""
+    delta = _unset(out, out.shape[:2], torch.float32)  # every token is in one work item's tile
+    d = out.shape[2]
+    softmax_delta_kernel[(work.shape[0] * out.shape[1],)](
+        out.contiguous(), do.contiguous(), delta, offsets, work, H=out.shape[1], HEAD_DIM=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=tile, num_warps=4)
     return delta
 
 

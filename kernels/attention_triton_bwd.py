@@ -8,8 +8,8 @@ Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
   tables once at its end (fp32 atomics, one per bucket).
 * ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward).
 
-Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i`` (``delta_kernel``, one streaming pass
-first); pointwise: ``ds = dp * act'(s) / n``.
+Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i`` (``attention_op.softmax_delta``, one
+streaming pass first); pointwise: ``ds = dp * act'(s) / n``.
 """
 
 from __future__ import annotations
@@ -59,19 +59,6 @@ def _configs(name: str) -> list[triton.Config]:
     if name == "dkdv":
         return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_M", "QD", "DOD"))
     return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD"))
-
-
-@triton.jit
-def delta_kernel(OUT, DO, DELTA, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO . o)`` over ``n_rows`` contiguous rows of ``HEAD_DIM`` (one per token and head),
-    in fp32, one pass at the copy rate (torch's ``(do.float() * o.float()).sum(-1)`` makes four)."""
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    ok = (offs_r < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    ptrs = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-    o = tl.load(OUT + ptrs, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + ptrs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(DELTA + offs_r, tl.sum(o * do, 1), mask=offs_r < n_rows)
 
 
 @triton.jit

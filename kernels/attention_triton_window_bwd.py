@@ -10,7 +10,7 @@ tile, key tile) pair twice, once for dq and once for dk/dv: 7 tile matmuls per p
   (+ NB when not causal)``, ``NB`` the key tiles a window reaches on one side (the query tile's work item
   follows from the key tile's: a row's tiles are consecutive items, its last tile first, ``work_list``).
   Whole tiles (the rows past a jagged row's end are the tile's own) go through bulk tensor copies (``DS_TMA``). Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
-  computed in the loop from the o tile (``DELTA_INLINE``) or read from ``window_delta_kernel``'s output.
+  computed in the loop from the o tile (``DELTA_INLINE``) or read from ``softmax_delta_kernel``'s output.
 * ``window_attn_bwd_dq_ds_kernel``: one program per (query tile, head): dq = sum over its key tiles of
   dS K (one matmul per pair).
 
@@ -42,9 +42,10 @@ from kernels.attention_triton_window import _item, inverse_norm, key_tile, store
 
 
 @triton.jit
-def window_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_M: tl.constexpr):
-    """``delta = rowsum(dO . o)`` of one query tile and head (softmax)."""
+def softmax_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
+    """``delta = rowsum(dO . o)`` (softmax's backward) of one query tile and head of a work list over the query
+    offsets ``OFF``; every attention op's backward runs it (``attention_op.softmax_delta``)."""
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return

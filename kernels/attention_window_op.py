@@ -19,6 +19,7 @@ from kernels import attention_triton_common as common
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
+    softmax_delta,
     work_list,
 )
 from kernels.attention_self_op import (
@@ -37,7 +38,6 @@ from kernels.attention_triton_window import (
 from kernels.attention_triton_window_bwd import (
     window_attn_bwd_dkdv_ds_kernel,
     window_attn_bwd_dq_ds_kernel,
-    window_delta_kernel,
 )
 
 Tensor = torch.Tensor
@@ -170,8 +170,7 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
     delta = lse
     if not inline:
-        delta = _unset(q, q.shape[:2], torch.float32)
-        window_delta_kernel[grid](out, do, delta, offsets, work, **dims, BLOCK_M=tile, num_warps=4)
+        delta = softmax_delta(out, do, offsets, work, tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
     del meta["ONE_LOOP"]
     window_attn_bwd_dkdv_ds_kernel[grid](

@@ -142,6 +142,9 @@ class _Forbidden:
     def __getitem__(self, grid):
         raise AssertionError(f"{self.name} launched")
 
+    def __call__(self, *args, **kwargs):  # a function that launches one (``softmax_delta``)
+        raise AssertionError(f"{self.name} called")
+
 
 def _forbid(monkeypatch, module, *names: str) -> None:
     for name in names:
@@ -178,7 +181,7 @@ def test_two_kernel_backward(monkeypatch, backward, window):
     from kernels import attention_window_op as wop
 
     monkeypatch.setattr(wop, "BACKWARD", backward)
-    _forbid(monkeypatch, wop, "window_attn_bwd_dkdv_ds_kernel", "window_attn_bwd_dq_ds_kernel", "window_delta_kernel")
+    _forbid(monkeypatch, wop, "window_attn_bwd_dkdv_ds_kernel", "window_attn_bwd_dq_ds_kernel", "softmax_delta")
     p = _self_problem(seed=53, heads=1, bias=True, targets=True)
     assert_accurate(p, torch.float32, causal=True, window=window)
 
@@ -188,7 +191,7 @@ def test_fused_backward_delta_in_the_loop(monkeypatch):
     from kernels import attention_window_op as wop
 
     monkeypatch.setitem(wop.CONFIG, "fused", wop.CONFIG["fused"][:3] + (True,))
-    _forbid(monkeypatch, wop, "window_delta_kernel")
+    _forbid(monkeypatch, wop, "softmax_delta")
     p = _self_problem(seed=59, heads=2, bias=True)
     assert_accurate(p, torch.float16, causal=False, window=36)
 

@@ -187,15 +187,17 @@ def test_eager_autograd_node_equals_the_ops_registered_autograd(monkeypatch, cro
 
 @pytest.mark.parametrize("dim", [32, 48, 128])
 def test_softmax_delta_pass_equals_the_float_product(dim):
-    """The backward's one-pass ``delta`` against the fp32 row dot product, rows not a multiple of the
-    program's block and a head dim that is not a power of two."""
-    from kernels.attention_op import softmax_delta
+    """The backward's one-pass ``delta`` against the fp32 row dot product: jagged rows of 0, 1, the tile and
+    beyond it (partial last tiles), and a head dim that is not a power of two."""
+    from kernels.attention_op import softmax_delta, work_list
 
     g = torch.Generator().manual_seed(dim)
-    out = torch.randn(77, 3, dim, generator=g).to(torch.float16)
-    do = torch.randn(77, 3, dim, generator=g).to(torch.float16)
-    delta = softmax_delta(out, do)
-    assert delta.shape == (77, 3) and delta.dtype == torch.float32
+    offs = offsets([5, 0, 1, 32, 39])
+    total = int(offs[-1])
+    out = torch.randn(total, 3, dim, generator=g).to(torch.float16)
+    do = torch.randn(total, 3, dim, generator=g).to(torch.float16)
+    delta = softmax_delta(out, do, offs, work_list(offs, offs, 16, total)[0], 16)
+    assert delta.shape == (total, 3) and delta.dtype == torch.float32
     torch.testing.assert_close(delta, (do.float() * out.float()).sum(-1), rtol=1e-5, atol=1e-5)
 
 

@@ -78,12 +78,11 @@ def backward(name: str = "B") -> None:
         o.backward(do)
 
     print(f"  autograd forward+backward {per_call_us(round_trip, 50):.0f} us/call host back to back")
-    raw = lambda: op.jagged_attn_bwd._init_fn(do, q, k, v, out, lse, offs, offs, None, None, None, None, None,
+    raw = lambda: op._BODIES["jagged_attn_bwd"](do, q, k, v, out, lse, offs, offs, None, None, None, None, None,
                                               *args)
     print(f"  backward body without the custom-op dispatch {per_call_us(raw, 50):.0f} us/call")
     spent: dict[str, float] = {}
-    for name in ("jagged_attn_fwd_kernel", "jagged_attn_bwd_dkdv_kernel", "jagged_attn_bwd_dq_kernel"):
-        _time_launches(getattr(op, name), name, spent)
+    _time_launches(spent)
     n = 50
     per_call_us(raw, n)
     for name, total in spent.items():
@@ -93,17 +92,18 @@ def backward(name: str = "B") -> None:
           f"{per_call_us(lambda: [torch.empty_like(q) for _ in range(3)] + [torch.zeros(0, device='cuda')] * 2):.0f} us")
 
 
-def _time_launches(kernel, name: str, spent: dict[str, float]) -> None:
-    """Accumulate the host time of each launch of ``kernel`` (an autotuner or jit function) in ``spent``."""
-    run = kernel.run
+def _time_launches(spent: dict[str, float]) -> None:
+    """Accumulate the host time of each autotuned kernel's launches (``common.launch``) in ``spent``, by kernel."""
+    launch = op.launch
 
-    def timed(*a, **kw):
+    def timed(kernel, grid, args, meta, key):
         t0 = time.perf_counter()
-        result = run(*a, **kw)
+        launch(kernel, grid, args, meta, key)
+        name = kernel.base_fn.__name__
         spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
-        return result
 
-    kernel.run = timed
+    op.launch = timed
+
 
 if __name__ == "__main__":
     (backward if sys.argv[2:3] == ["backward"] else main)(*(sys.argv[1:2] or ["B"]))

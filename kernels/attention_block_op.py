@@ -20,6 +20,7 @@ from kernels import attention_triton_common as common
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
+    attention_op,
     work_list,
 )
 from kernels.attention_self_op import (
@@ -111,7 +112,7 @@ def _meta(q: Tensor, activation: str, causal: bool, block_size: int, norm: int, 
     )
 
 
-@torch.library.custom_op("gemtrain::block_attn_fwd", mutates_args=())
+@attention_op("block_attn_fwd")
 def block_attn_fwd(
     q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
@@ -138,7 +139,7 @@ def _(q, k, v, offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_t
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("gemtrain::block_attn_bwd", mutates_args=())
+@attention_op("block_attn_bwd")
 def block_attn_bwd(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, offsets: Tensor,
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
@@ -180,7 +181,7 @@ register_self_attention_flops(torch.ops.gemtrain.block_attn_fwd, torch.ops.gemtr
 # Eager calls skip the custom-op autograd layer (about 100 us of host time per forward and 100-160 us per
 # forward+backward, measured on the 2-core development VM with the kernels stubbed); callers of the raw
 # forward op still get its registered autograd, with the same gradients.
-_BlockAttention = register_self_attention_autograd("_BlockAttention", block_attn_fwd, torch.ops.gemtrain.block_attn_bwd)
+_BlockAttention = register_self_attention_autograd("_BlockAttention", "block_attn_fwd", "block_attn_bwd")
 
 
 def block_attention(

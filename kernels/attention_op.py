@@ -6,6 +6,8 @@ FLOPs through the registered formulas. Launch order: rows with the longest other
 a row the most expensive (last) tiles first, so skewed batches do not leave a long tail on few SMs.
 """
 
+from collections.abc import Callable
+
 import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
@@ -14,7 +16,7 @@ from kernels import attention_triton_common as common
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_spec import RelativeBias
 from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
-from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor
+from kernels.attention_triton_common import ACT_CODES, INTERPRET, descriptor, launch
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel
 from kernels.attention_triton_window_bwd import softmax_delta_kernel
 from kernels.attention_worklist import fits, work_list_triton
@@ -58,9 +60,10 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:
-        # Measured on an H200 (benchmarks/attention_configs.py): 64-row tiles at D=128, 128 below.
-        tile_q = 128 if block_d <= 64 else 64
-        tile_kv = 128 if block_d <= 64 else 64
+        # 64-row tiles at every head dim, measured on an H200 (benchmarks/attention_configs.py at D=128;
+        # at D=64 on batch B and on batch A's lengths, 64-row tiles took 14-20% less GPU time than 128-row
+        # ones: benchmarks/RESULTS.md, "Host time and D=64 tiles").
+        tile_q = tile_kv = 64
         if q_len_hint > 0:  # short query rows (cross attention of a few candidates): small query tiles
             tile_q = min(tile_q, max(16, triton.next_power_of_2(q_len_hint)))
         if block_size > 0:  # tiles no larger than the block keep block-local work at O(L*S)
@@ -84,6 +87,11 @@ def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int
     )
 
 
+def _launch_key(len_key: int, q: Tensor, offsets: Tensor, timestamps: Tensor | None) -> tuple:
+    """What picks an autotuned kernel's configuration beyond its meta-parameters (``common.launch``)."""
+    return len_key, q.dtype, offsets.dtype, None if timestamps is None else timestamps.dtype
+
+
 def _unset(like: Tensor, shape: tuple | None = None, dtype: torch.dtype | None = None) -> Tensor:
     """Output buffer the kernels fill completely; NaN-poisoned under the interpreter so tests see holes."""
     t = torch.empty(like.shape if shape is None else shape, dtype=dtype or like.dtype, device=like.device)
@@ -94,7 +102,37 @@ def _ptr(t: Tensor | None, fallback: Tensor) -> Tensor:
     return fallback if t is None else t
 
 
-@torch.library.custom_op("gemtrain::jagged_attn_fwd", mutates_args=())
+_BODIES: dict[str, Callable] = {}
+
+
+def attention_op(name: str) -> Callable:
+    """Decorator: the function becomes custom op ``gemtrain::<name>`` (no mutated arguments) and stays
+    callable directly through ``eager_call``."""
+
+    def register(fn: Callable):
+        _BODIES[name] = fn
+        return torch.library.custom_op(f"gemtrain::{name}", mutates_args=())(fn)
+
+    return register
+
+
+def eager_call(name: str) -> Callable:
+    """Caller of ``gemtrain::<name>`` for the eager autograd functions: the op's Python body itself where nothing
+    watches the dispatcher (no dispatch mode such as ``FlopCounterMode`` or fake tensors, no compiler, plain
+    tensors), else the op. The dispatcher's per-call work (argument binding, alias checks) costs 70-110 us of
+    host time per op on an H200 host, which short batches pay in full."""
+    op, body = getattr(torch.ops.gemtrain, name), _BODIES[name]
+
+    def call(*args):
+        if (torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling()
+                and type(args[0]) is Tensor and type(args[1]) is Tensor):
+            return body(*args)
+        return op(*args)
+
+    return call
+
+
+@attention_op("jagged_attn_fwd")
 def jagged_attn_fwd(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
@@ -112,13 +150,12 @@ def jagged_attn_fwd(
         work = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])[0]
     n_items = work.shape[0]
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
-    jagged_attn_fwd_kernel[(n_items * q.shape[1],)](
+    launch(jagged_attn_fwd_kernel, (n_items * q.shape[1],), (
         q, k, v, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), out, lse, q_offsets, kv_offsets,
         _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
-        BLOCK_M=plan["tile_q"], **meta,
-    )
+    ), dict(BLOCK_M=plan["tile_q"], **meta), _launch_key(len_key, q, q_offsets, q_timestamps))
     return out, lse
 
 
@@ -128,7 +165,7 @@ def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ti
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("gemtrain::jagged_attn_bwd", mutates_args=())
+@attention_op("jagged_attn_bwd")
 def jagged_attn_bwd(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_offsets: Tensor,
     kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
@@ -163,20 +200,21 @@ def jagged_attn_bwd(
     # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table;
     # never read) must not alias an input such as lse.
     stand_in = torch.empty(1, dtype=torch.float32, device=q.device)
-    jagged_attn_bwd_dkdv_kernel[(n_kv * q.shape[1],)](
+    key = _launch_key(len_key, q, q_offsets, q_timestamps)
+    launch(jagged_attn_bwd_dkdv_kernel, (n_kv * q.shape[1],), (
         q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else stand_in,
         dtime if time_weight is not None else stand_in, _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_N=plan["tile_kv"], **meta,
-    )
+        _ptr(kv_timestamps, kv_offsets), *scalars,
+    ), dict(BLOCK_N=plan["tile_kv"], **meta), key)
     n_q = work_q.shape[0]
-    jagged_attn_bwd_dq_kernel[(n_q * q.shape[1],)](
+    launch(jagged_attn_bwd_dq_kernel, (n_q * q.shape[1],), (
         q, k, v, do, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_q,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *scalars, BLOCK_M=plan["tile_q_bwd"], **meta,
-    )
+        _ptr(kv_timestamps, kv_offsets), *scalars,
+    ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
 
 
@@ -207,6 +245,9 @@ def _(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, tim
 _NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", "len_key", "q_len_hint")
 
 
+_backward_call = eager_call("jagged_attn_bwd")
+
+
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
     rest, work = rest[:len(_NON_TENSOR)], (rest[len(_NON_TENSOR):] or [None])[0]
@@ -219,7 +260,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, dout, dlse):
     (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
      work) = ctx.saved_tensors
-    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.jagged_attn_bwd(
+    dq, dk, dv, dpos, dtime = _backward_call(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
         *ctx.rest, work,
     )
@@ -308,11 +349,11 @@ def jagged_attention_triton(
     return _JaggedAttention.apply(*inputs)
 
 
-def eager_autograd(name: str, fwd_op, setup_context, backward) -> type[torch.autograd.Function]:
-    """An ``autograd.Function`` (named ``name``) that runs ``fwd_op`` with the autograd the op registers
-    (its ``setup_context`` and ``backward``) and returns the op's first output. Eager calls through it skip
-    the custom-op autograd layer's per-call argument re-binding (host time a synchronized call pays while
-    the GPU waits); the op itself still dispatches, so FLOP counters and other dispatch modes see it."""
+def eager_autograd(name: str, fwd_op: Callable, setup_context, backward) -> type[torch.autograd.Function]:
+    """An ``autograd.Function`` (named ``name``) that runs ``fwd_op`` (an ``eager_call``) with the autograd the
+    op registers (its ``setup_context`` and ``backward``) and returns the op's first output. Eager calls through
+    it skip the custom-op autograd layer's per-call argument re-binding (host time a synchronized call pays
+    while the GPU waits); under a dispatch mode the op itself runs, so FLOP counters and fake tensors see it."""
 
     def forward(ctx, *inputs):
         output = fwd_op(*inputs)
@@ -323,7 +364,7 @@ def eager_autograd(name: str, fwd_op, setup_context, backward) -> type[torch.aut
         "forward": staticmethod(forward), "backward": staticmethod(lambda ctx, dout: backward(ctx, dout, None))})
 
 
-_JaggedAttention = eager_autograd("_JaggedAttention", torch.ops.gemtrain.jagged_attn_fwd, _setup_context, _backward)
+_JaggedAttention = eager_autograd("_JaggedAttention", eager_call("jagged_attn_fwd"), _setup_context, _backward)
 
 
 __all__ = ["jagged_attention_triton", "work_list"]

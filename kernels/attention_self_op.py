@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
-from kernels.attention_op import eager_autograd
+from kernels.attention_op import eager_autograd, eager_call
 
 Tensor = torch.Tensor
 
@@ -32,9 +32,11 @@ def fake_backward(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None, ti
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table(pos_weight), table(time_weight)
 
 
-def register_self_attention_autograd(name: str, fwd_op, bwd_op) -> type[torch.autograd.Function]:
-    """Registers ``bwd_op`` as ``fwd_op``'s autograd and returns the eager ``autograd.Function`` (``name``)
-    that runs the same ``setup_context`` / ``backward`` without the custom-op autograd layer."""
+def register_self_attention_autograd(name: str, fwd_op: str, bwd_op: str) -> type[torch.autograd.Function]:
+    """Registers ``gemtrain::<bwd_op>`` as the autograd of ``gemtrain::<fwd_op>`` and returns the eager
+    ``autograd.Function`` (``name``) that runs the same ``setup_context`` / ``backward`` without the custom-op
+    autograd layer (``eager_autograd``)."""
+    backward_call = eager_call(bwd_op)
 
     def setup_context(ctx, inputs, output) -> None:
         q, k, v, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest = inputs
@@ -45,15 +47,15 @@ def register_self_attention_autograd(name: str, fwd_op, bwd_op) -> type[torch.au
 
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = ctx.saved_tensors
-        dq, dk, dv, dpos, dtime = bwd_op(
+        dq, dk, dv, dpos, dtime = backward_call(
             dout, q, k, v, out, lse, offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *ctx.rest, work,
         )
         # no gradient for offsets, num_targets, the timestamps, the options and the work list
         return (dq, dk, dv, None, None, dpos if pos_weight is not None else None,
                 dtime if time_weight is not None else None) + (None,) * (len(ctx.rest) + 3)
 
-    fwd_op.register_autograd(backward, setup_context=setup_context)
-    return eager_autograd(name, fwd_op._opoverload, setup_context, backward)
+    torch.library.register_autograd(f"gemtrain::{fwd_op}", backward, setup_context=setup_context)
+    return eager_autograd(name, eager_call(fwd_op), setup_context, backward)
 
 
 def register_self_attention_flops(fwd_op, bwd_op, option: str, traced_pairs: Callable[[int, int, bool], int]) -> None:

@@ -50,7 +50,7 @@ _KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME"
 
 # (inner tile, warps, stages) by head dim (outer tiles: ``attention_op._plan``); measured on an H200 with
 # benchmarks/attention_configs.py (benchmarks/RESULTS.md, "Descriptors and measured configurations").
-DKDV_DEFAULTS = {64: (32, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
+DKDV_DEFAULTS = {128: (64, 4, 2), 256: (32, 4, 2)}
 DQ_DEFAULTS = {128: (64, 4, 2), 256: (32, 4, 2)}
 CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
 

@@ -19,6 +19,7 @@ from kernels import attention_triton_common as common
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
+    attention_op,
     softmax_delta,
     work_list,
 )
@@ -130,7 +131,7 @@ def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tens
     )
 
 
-@torch.library.custom_op("gemtrain::window_attn_fwd", mutates_args=())
+@attention_op("window_attn_fwd")
 def window_attn_fwd(
     q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
@@ -186,7 +187,7 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     )
 
 
-@torch.library.custom_op("gemtrain::window_attn_bwd", mutates_args=())
+@attention_op("window_attn_bwd")
 def window_attn_bwd(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, offsets: Tensor,
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
@@ -244,7 +245,7 @@ register_self_attention_flops(torch.ops.gemtrain.window_attn_fwd, torch.ops.gemt
 
 # Eager calls skip the custom-op autograd layer (as the block ops do); callers of the raw forward op get its
 # registered autograd, with the same gradients.
-_WindowAttention = register_self_attention_autograd("_WindowAttention", window_attn_fwd, torch.ops.gemtrain.window_attn_bwd)
+_WindowAttention = register_self_attention_autograd("_WindowAttention", "window_attn_fwd", "window_attn_bwd")
 
 
 def window_attention(

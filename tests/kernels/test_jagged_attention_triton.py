@@ -208,15 +208,14 @@ def test_autotune_reset_arguments_never_alias_an_input(monkeypatch):
 
     kernel = attention_op.jagged_attn_bwd_dkdv_kernel
     launches = []
+    real_launch = attention_op.launch
 
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launches.append(dict(zip(kernel.arg_names, args)))
-                return kernel[grid](*args, **kw)
-            return launch
+    def spy(kern, grid, args, meta, key):
+        if kern is kernel:
+            launches.append(dict(zip(kernel.arg_names, args)))
+        return real_launch(kern, grid, args, meta, key)
 
-    monkeypatch.setattr(attention_op, "jagged_attn_bwd_dkdv_kernel", Spy())
+    monkeypatch.setattr(attention_op, "launch", spy)
     p = make_problem(seed=300, lq=[5, 9], lk=[5, 9], heads=1, bias=False)
     run(p, torch.float32, "triton", causal=True)
     assert launches and set(kernel.reset_to_zero) == {"DPOSW", "DTIMEW"}
@@ -235,3 +234,47 @@ def test_pointwise_activations_through_tanh_equal_the_exact_forms():
     u = 0.7978845608028654 * (x + 0.044715 * x**3)
     torch.testing.assert_close(torch.tanh(u), 2.0 * torch.sigmoid(2.0 * u) - 1.0, rtol=1e-12, atol=1e-12)
     assert not common.FAST_TANH.value, "under the interpreter the kernels must take the exact formulas"
+
+
+def test_settled_launch_skips_the_autotuner_and_matches_it(monkeypatch):
+    """After a kernel's first launch per key, ``common.launch`` calls the JIT function with the configuration
+    the autotuner chose (its descriptor hook and table-size heuristics applied): same outputs bit for bit."""
+    from kernels import attention_op
+    from kernels import attention_triton_common as common
+
+    monkeypatch.setattr(common, "_SETTLED", {})
+    kernel = attention_op.jagged_attn_fwd_kernel
+    through_autotuner = []
+    real_run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **kw: through_autotuner.append(1) or real_run(*a, **kw))
+    p = make_problem(seed=31, lq=[7, 0, 1, 40], lk=[7, 0, 1, 40], bias=True)
+    first = run(p, torch.float32, "triton", causal=True)
+    assert len(through_autotuner) == 1 and len(common._SETTLED) >= 1
+    second = run(p, torch.float32, "triton", causal=True)
+    assert len(through_autotuner) == 1, "the second forward must skip the autotuner"
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    run(p, torch.float16, "triton", causal=True)  # another key: through the autotuner again
+    assert len(through_autotuner) == 2
+
+
+def test_eager_calls_run_the_op_body_unless_a_dispatch_mode_watches(monkeypatch):
+    """Eager autograd calls the op's Python body directly; under a dispatch mode (FLOP counting, fake tensors)
+    the registered op runs, so the mode sees it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kernels import attention_op
+
+    body = attention_op._BODIES["jagged_attn_fwd"]
+    direct = []
+    monkeypatch.setitem(attention_op._BODIES, "jagged_attn_fwd", lambda *a: direct.append(1) or body(*a))
+    call = attention_op.eager_call("jagged_attn_fwd")
+    p = make_problem(seed=5, lq=[3, 4], lk=[3, 4], bias=False)
+    q, k, v = p.q.float(), p.k.float(), p.v.float()
+    args = (q, k, v, p.q_offsets, p.kv_offsets, None, None, None, None, None, "softmax", True, 0.5, 0, -1, 0, 16, 0)
+    out, _ = call(*args)
+    assert direct == [1]
+    with FlopCounterMode(display=False) as counter:
+        out_mode, _ = call(*args)
+    assert direct == [1] and counter.get_total_flops() > 0
+    assert torch.equal(out, out_mode)

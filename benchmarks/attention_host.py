@@ -1,0 +1,244 @@
+"""Host time and tile choices of the jagged attention ops on the GPU (short batches are bound by host time).
+
+    python benchmarks/attention_host.py pieces B       # host ms per call of each piece: work list, delta pass,
+                                                       # each op through the dispatcher and as its body, autograd
+    python benchmarks/attention_host.py launch B       # one forward-kernel launch: autotuner vs bare JIT function
+    python benchmarks/attention_host.py tiles B        # D=64 tiles of the generic kernels: GPU ms per kernel
+    python benchmarks/attention_host.py tiles A64      # ... on batch A's lengths at H=8, D=64
+    python benchmarks/attention_host.py fwdconfigs     # forward configurations on batch A, non-causal and causal
+    python benchmarks/attention_host.py fusedfull A    # full attention through the window op's fused backward
+
+Host time is the wall time of back-to-back calls before the final synchronize (the GPU keeps up, so it is the
+host's). GPU times are torch.profiler device times per call. Run with GEMTRAIN_ATTN_AUTOTUNE=0.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
+from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of  # noqa: E402
+from benchmarks.attention_configs import pinned  # noqa: E402
+from kernels import attention_op as aop  # noqa: E402
+from kernels import attention_window_op as wop  # noqa: E402
+from kernels import jagged_attention  # noqa: E402
+from kernels.attention_triton_common import descriptor  # noqa: E402
+from kernels.attention_triton_fwd import jagged_attn_fwd_kernel  # noqa: E402
+
+SHAPES = {**BATCHES, "A64": (64, 4096, 8, 64)}
+
+
+def host_ms(fn: Callable[[], object], n: int = 40) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    return t * 1e3
+
+
+def device_ms(fn: Callable[[], object], n: int = 10) -> tuple[float, dict[str, float]]:
+    """GPU ms per call (all kernels) and per kernel name."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    parts = {e.key[:32]: e.self_device_time_total / n / 1e3 for e in p.key_averages() if e.self_device_time_total > 0}
+    return sum(parts.values()), parts
+
+
+def _batch(name: str, grad: bool = False):
+    B, max_len, H, D = SHAPES[name]
+    lens = lengths(B, max_len)
+    offs = offsets_of(lens)
+    T = int(lens.sum())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    return offs, T, max_len, q, k, v, do
+
+
+def _generic_args(q, k, offs, T, max_len, causal: bool = True):
+    len_key = aop._len_key(offs, q, k, None, max_len)
+    tile = aop._plan(q, k, len_key, 0, 0)["tile_q"]
+    work = aop.work_list(offs, offs, tile, T)[0]
+    return (offs, offs, None, None, None, None, None, "softmax", causal, 1 / math.sqrt(q.shape[2]), 0, -1, 0,
+            len_key, 0, work), tile, work
+
+
+def pieces(name: str = "B") -> list[str]:
+    offs, T, max_len, q, k, v, do = _batch(name)
+    gargs, tile, work = _generic_args(q, k, offs, T, max_len)
+    out, lse = torch.ops.gemtrain.jagged_attn_fwd(q, k, v, *gargs)
+    wwork = wop.window_work(offs, T, wop.TILE)
+    wargs = (offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(q.shape[2]), max_len, 0, wwork)
+    body = aop._BODIES
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def fb(window=None):
+        for p in (qg, kg, vg):
+            p.grad = None
+        jagged_attention(qg, kg, vg, offs, offs, causal=True, max_kv_len=max_len, window=window).backward(do)
+
+    def fwd_only():
+        with torch.no_grad():
+            jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len)
+
+    rows = {
+        "work list (one launch)": lambda: aop.work_list(offs, offs, tile, T),
+        "softmax delta pass": lambda: aop.softmax_delta(out, do, offs, work, tile),
+        "generic forward op, through the dispatcher": lambda: torch.ops.gemtrain.jagged_attn_fwd(q, k, v, *gargs),
+        "generic forward op body": lambda: body["jagged_attn_fwd"](q, k, v, *gargs),
+        "generic backward op, through the dispatcher": lambda: torch.ops.gemtrain.jagged_attn_bwd(
+            do, q, k, v, out, lse, *gargs),
+        "generic backward op body": lambda: body["jagged_attn_bwd"](do, q, k, v, out, lse, *gargs),
+        "window forward op (W = max_len), through the dispatcher": lambda: torch.ops.gemtrain.window_attn_fwd(
+            q, k, v, *wargs),
+        "window backward op, through the dispatcher": lambda: torch.ops.gemtrain.window_attn_bwd(
+            do, q, k, v, out, lse, *wargs),
+        "jagged_attention forward (no grad)": fwd_only,
+        "jagged_attention forward+backward": fb,
+        "jagged_attention forward+backward, window = max_len": lambda: fb(max_len),
+    }
+    lines = [f"### Host ms per call, batch {name}", "", "| piece | host ms |", "|---|---|"]
+    for label, fn in rows.items():
+        lines.append(f"| {label} | {host_ms(fn):.3f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def launch(name: str = "B") -> list[str]:
+    """One forward-kernel launch over the first 4 rows (tiny GPU work): through the autotuner as the op launched
+    it before ``common.launch``, and the bare JIT function with the configuration the autotuner chose."""
+    offs, T, max_len, q, k, v, _ = _batch(name)
+    offs = offs[:5].contiguous()
+    T = int(offs[-1])
+    q, k, v = q[:T].contiguous(), k[:T].contiguous(), v[:T].contiguous()
+    len_key = aop._len_key(offs, q, k, None, max_len)
+    plan = aop._plan(q, k, len_key, 0, 0, v)
+    work = aop.work_list(offs, offs, plan["tile_q"], T)[0]
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+    meta = dict(BLOCK_M=plan["tile_q"], **aop._meta(q, "softmax", True, 0, -1, 0, None, None, None, plan))
+    grid = (work.shape[0] * q.shape[1],)
+    kd, vd = descriptor(k, plan["tma"]), descriptor(v, plan["tma"])
+    args = (q, k, v, kd, vd, out, lse, offs, offs, offs, work, lse, lse, offs, offs, 1 / math.sqrt(q.shape[2]),
+            1.0, 0, len_key)
+    autotuned = lambda: jagged_attn_fwd_kernel[grid](*args, **meta)
+    autotuned()
+    cfg = jagged_attn_fwd_kernel.best_config
+    extra = dict(cfg.all_kwargs(), POS_PAD=1, TIME_PAD=1)
+    if plan["tma"]:
+        for d in (kd, vd):
+            d.block_shape = [extra["BLOCK_N"], meta["BLOCK_D"]]
+    bare = lambda: jagged_attn_fwd_kernel.fn.fn[grid](*args, **meta, **extra)
+    lines = [f"### One forward-kernel launch, batch {name} shapes (descriptors {plan['tma']})", "",
+             "| launch | host us |", "|---|---|"]
+    for label, fn in (("through the autotuner and heuristics", autotuned), ("bare JIT function", bare)):
+        lines.append(f"| {label} | {1e3 * host_ms(fn, 200):.1f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+TILE_CHOICES = {
+    "128-row tiles (before)": {"fwd": (128, 64, 8, 3), "dkdv": (128, 32, 4, 2), "dq": (128, 64, 4, 2)},
+    "64-row tiles, 64-wide inner": {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 2), "dq": (64, 64, 4, 2)},
+    "64-row tiles, 32-wide inner": {"fwd": (64, 32, 4, 3), "dkdv": (64, 32, 4, 2), "dq": (64, 32, 4, 2)},
+}
+
+
+def tiles(name: str = "B") -> list[str]:
+    offs, T, max_len, q, k, v, do = _batch(name, grad=True)
+    lines = [f"### Generic kernels at D={q.shape[2]}, batch {name}: GPU ms per call (profiler)", "",
+             "| mask | tiles (outer, inner, warps, stages) | fwd | fwd+bwd | dk/dv | dq |", "|---|---|---|---|---|---|"]
+    for causal in (True, False):
+        def fb(causal=causal):
+            for p in (q, k, v):
+                p.grad = None
+            jagged_attention(q, k, v, offs, offs, causal=causal, max_kv_len=max_len).backward(do)
+
+        def f(causal=causal):
+            with torch.no_grad():
+                jagged_attention(q, k, v, offs, offs, causal=causal, max_kv_len=max_len)
+
+        for label, choice in TILE_CHOICES.items():
+            with pinned(choice, "1"):
+                tf, _ = device_ms(f)
+                tfb, parts = device_ms(fb)
+            get = lambda key, parts=parts: next((ms for kname, ms in parts.items() if key in kname), float("nan"))
+            lines.append(f"| {'causal' if causal else 'full'} | {label} | {tf:.3f} | {tfb:.3f} | "
+                         f"{get('dkdv'):.3f} | {get('bwd_dq'):.3f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+FWD_CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+               (64, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 4)]
+
+
+def fwdconfigs() -> list[str]:
+    offs, T, max_len, q, k, v, _ = _batch("A")
+    lines = ["### Forward configurations, batch A (ms, 5 back-to-back calls per timing)", "",
+             "| mask | (outer, inner, warps, stages) | fwd ms |", "|---|---|---|"]
+    for causal in (False, True):
+        for cfg in FWD_CONFIGS:
+            with pinned({"fwd": cfg}, "1"), torch.no_grad():
+                t = cuda_time(lambda c=causal: jagged_attention(q, k, v, offs, offs, causal=c, max_kv_len=max_len),
+                              reps=20, calls=5)
+            lines.append(f"| {'causal' if causal else 'full'} | {cfg} | {t:.3f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def fusedfull(name: str = "A") -> list[str]:
+    """Full self-attention as a window of the longest row through the window op, whose fused backward stores
+    each pair's score gradients and computes dq from them (5 tile matmuls per pair instead of 7), against the
+    generic backward (its slot limit lifted for the run)."""
+    offs, T, max_len, q, k, v, do = _batch(name)
+    lines = [f"### Full attention through the fused (stored dS) backward, batch {name}", "",
+             "| mask | dS scratch GB | bwd ms generic | bwd ms fused | generic kernels (ms) | fused kernels (ms) |",
+             "|---|---|---|---|---|---|"]
+    saved = wop.MAX_FUSED_SLOTS
+    wop.MAX_FUSED_SLOTS = 1 << 20
+    try:
+        for causal in (True, False):
+            gargs, _, _ = _generic_args(q, k, offs, T, max_len, causal)
+            out, lse = torch.ops.gemtrain.jagged_attn_fwd(q, k, v, *gargs)
+            wwork = wop.window_work(offs, T, wop.TILE)
+            wargs = (offs, None, None, None, None, None, "softmax", causal, 1 / math.sqrt(q.shape[2]), max_len, 0,
+                     wwork)
+            gen = lambda out=out, lse=lse, a=gargs: torch.ops.gemtrain.jagged_attn_bwd(do, q, k, v, out, lse, *a)
+            fused = lambda out=out, lse=lse, a=wargs: torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *a)
+            for a, b in zip(fused()[:3], gen()[:3]):
+                torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+            slots, _ = wop.fused_slots(max_len, causal, wop.TILE)
+            gb = q.shape[1] * slots * wwork.shape[0] * wop.TILE ** 2 * q.element_size() / 1e9
+            fmt = lambda parts: ", ".join(f"{key}: {ms:.3f}" for key, ms in parts.items())
+            lines.append(f"| {'causal' if causal else 'full'} | {gb:.2f} | {cuda_time(gen, reps=20, calls=3):.3f} | "
+                         f"{cuda_time(fused, reps=20, calls=3):.3f} | {fmt(device_ms(gen)[1])} | "
+                         f"{fmt(device_ms(fused)[1])} |")
+            print(lines[-1], flush=True)
+            torch.cuda.empty_cache()
+    finally:
+        wop.MAX_FUSED_SLOTS = saved
+    return lines
+
+
+if __name__ == "__main__":
+    what, rest = sys.argv[1], sys.argv[2:]
+    rows = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs,
+            "fusedfull": fusedfull}[what](*rest)
+    print("\n".join(rows))

@@ -181,7 +181,7 @@ def jagged_attn_bwd(
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
-    do = do.contiguous()
+    do, out = do.contiguous(), out.contiguous()
     plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
@@ -191,30 +191,29 @@ def jagged_attn_bwd(
     work_q = work if work is not None and plan["tile_q_bwd"] == fwd_tile else None
     if work_q is None:
         work_q = work_list(q_offsets, kv_offsets, plan["tile_q_bwd"], q.shape[0])[0]
-    delta = softmax_delta(out, do, q_offsets, work_q, plan["tile_q_bwd"]) if activation == "softmax" else lse
+    # softmax's delta = rowsum(dO . o): written by the dq kernel, which therefore runs before the dk/dv kernel
+    delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse
     self_attn = q_offsets.data_ptr() == kv_offsets.data_ptr() and q.shape[0] == k.shape[0]
     work_kv = work if work is not None and self_attn and plan["tile_kv"] == fwd_tile else None
     if work_kv is None:
         work_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])[0]
-    n_kv = work_kv.shape[0]
+    key = _launch_key(len_key, q, q_offsets, q_timestamps)
+    launch(jagged_attn_bwd_dq_kernel, (work_q.shape[0] * q.shape[1],), (
+        q, k, v, do, out, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
+        kv_offsets, _ptr(num_targets, q_offsets), work_q,
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
+        _ptr(kv_timestamps, kv_offsets), *scalars,
+    ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
     # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table;
     # never read) must not alias an input such as lse.
     stand_in = torch.empty(1, dtype=torch.float32, device=q.device)
-    key = _launch_key(len_key, q, q_offsets, q_timestamps)
-    launch(jagged_attn_bwd_dkdv_kernel, (n_kv * q.shape[1],), (
+    launch(jagged_attn_bwd_dkdv_kernel, (work_kv.shape[0] * q.shape[1],), (
         q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else stand_in,
         dtime if time_weight is not None else stand_in, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_N=plan["tile_kv"], **meta), key)
-    n_q = work_q.shape[0]
-    launch(jagged_attn_bwd_dq_kernel, (n_q * q.shape[1],), (
-        q, k, v, do, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
-        kv_offsets, _ptr(num_targets, q_offsets), work_q,
-        _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), *scalars,
-    ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
 
 

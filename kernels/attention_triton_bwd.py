@@ -6,10 +6,11 @@ Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
   sums the score gradients per bias-table bucket in registers over the whole loop (``table_grad_span``:
   one reduction per tile and bucket threshold, by diagonal near the diagonal) and adds them to the
   tables once at its end (fp32 atomics, one per bucket).
-* ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward).
+* ``dq``: one program per (Q tile, head), looping over the keys the tile sees (like the forward); it runs
+  first and stores softmax's ``delta`` for the dk/dv kernel.
 
-Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i`` (``attention_op.softmax_delta``, one
-streaming pass first); pointwise: ``ds = dp * act'(s) / n``.
+Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i``, computed and stored by the dq kernel from
+the o tile next to its dO tile (so the dq kernel runs first); pointwise: ``ds = dp * act'(s) / n``.
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ def jagged_attn_bwd_dkdv_kernel(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
-    Q, K, V, DO, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    Q, K, V, DO, OUT, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -327,7 +328,10 @@ def jagged_attn_bwd_dq_kernel(
     delta = lse
     if ACT == 0:
         lse = tl.load(LSE + (q_start + offs_m) * H + h, mask=m_ok, other=float("inf"))
-        delta = tl.load(DELTA + (q_start + offs_m) * H + h, mask=m_ok, other=0.0)
+        # delta = rowsum(dO . o) of this tile, stored for the dk/dv kernel (launched after this one)
+        o = tl.load(OUT + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        tl.store(DELTA + (q_start + offs_m) * H + h, delta, mask=m_ok)
     qk_scale, bias_scale = score_scales(scale, ACT)
     if NORM_ROW:
         inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)

@@ -45,7 +45,7 @@ from kernels.attention_triton_window import _item, inverse_norm, key_tile, store
 def softmax_delta_kernel(OUT, DO, DELTA, OFF, WORK, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr):
     """``delta = rowsum(dO . o)`` (softmax's backward) of one query tile and head of a work list over the query
-    offsets ``OFF``; every attention op's backward runs it (``attention_op.softmax_delta``)."""
+    offsets ``OFF`` (``attention_op.softmax_delta``; the fused window backward runs it first)."""
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return

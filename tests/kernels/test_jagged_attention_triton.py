@@ -278,3 +278,19 @@ def test_eager_calls_run_the_op_body_unless_a_dispatch_mode_watches(monkeypatch)
         out_mode, _ = call(*args)
     assert direct == [1] and counter.get_total_flops() > 0
     assert torch.equal(out, out_mode)
+
+
+def test_generic_backward_takes_delta_from_its_dq_kernel(monkeypatch):
+    """The generic backward's dq kernel computes softmax's delta (no separate pass), before the dk/dv kernel
+    reads it: gradients still match the float64 reference, rows of 0, 1 and several tiles."""
+    from kernels import attention_op
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the generic backward must not run the separate delta pass")
+
+    monkeypatch.setattr(attention_op, "softmax_delta", no_pass)
+    p = make_problem(seed=77, lq=[0, 1, 40, 70], lk=[0, 1, 40, 70], bias=True, targets=True)
+    got = run(p, torch.float32, "triton", causal=True)
+    want = run(p, torch.float64, "ref", causal=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)

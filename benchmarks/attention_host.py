@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
 from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of  # noqa: E402
 from benchmarks.attention_configs import pinned  # noqa: E402
+from benchmarks.attention_launch import per_call_us  # noqa: E402
 from kernels import attention_op as aop  # noqa: E402
 from kernels import attention_window_op as wop  # noqa: E402
 from kernels import jagged_attention  # noqa: E402
@@ -33,18 +33,6 @@ from kernels.attention_triton_common import descriptor  # noqa: E402
 from kernels.attention_triton_fwd import jagged_attn_fwd_kernel  # noqa: E402
 
 SHAPES = {**BATCHES, "A64": (64, 4096, 8, 64)}
-
-
-def host_ms(fn: Callable[[], object], n: int = 40) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n
-    torch.cuda.synchronize()
-    return t * 1e3
 
 
 def device_ms(fn: Callable[[], object], n: int = 10) -> tuple[float, dict[str, float]]:
@@ -116,7 +104,7 @@ def pieces(name: str = "B") -> list[str]:
     }
     lines = [f"### Host ms per call, batch {name}", "", "| piece | host ms |", "|---|---|"]
     for label, fn in rows.items():
-        lines.append(f"| {label} | {host_ms(fn):.3f} |")
+        lines.append(f"| {label} | {per_call_us(fn, 40) / 1e3:.3f} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -148,7 +136,7 @@ def launch(name: str = "B") -> list[str]:
     lines = [f"### One forward-kernel launch, batch {name} shapes (descriptors {plan['tma']})", "",
              "| launch | host us |", "|---|---|"]
     for label, fn in (("through the autotuner and heuristics", autotuned), ("bare JIT function", bare)):
-        lines.append(f"| {label} | {1e3 * host_ms(fn, 200):.1f} |")
+        lines.append(f"| {label} | {per_call_us(fn):.1f} |")
         print(lines[-1], flush=True)
     return lines
 

@@ -62,7 +62,7 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
     else:
         # 64-row tiles at every head dim, measured on an H200 (benchmarks/attention_configs.py at D=128;
         # at D=64 on batch B and on batch A's lengths, 64-row tiles took 14-20% less GPU time than 128-row
-        # ones: benchmarks/RESULTS.md, "Host time and D=64 tiles").
+        # ones: benchmarks/RESULTS.md, "Host time, D=64 tiles, ...").
         tile_q = tile_kv = 64
         if q_len_hint > 0:  # short query rows (cross attention of a few candidates): small query tiles
             tile_q = min(tile_q, max(16, triton.next_power_of_2(q_len_hint)))
@@ -119,7 +119,7 @@ def attention_op(name: str) -> Callable:
 def eager_call(name: str) -> Callable:
     """Caller of ``gemtrain::<name>`` for the eager autograd functions: the op's Python body itself where nothing
     watches the dispatcher (no dispatch mode such as ``FlopCounterMode`` or fake tensors, no compiler, plain
-    tensors), else the op. The dispatcher's per-call work (argument binding, alias checks) costs 70-110 us of
+    tensors), else the op. The dispatcher's per-call work (argument binding, alias checks) costs 70-125 us of
     host time per op on an H200 host, which short batches pay in full."""
     op, body = getattr(torch.ops.gemtrain, name), _BODIES[name]
 

@@ -225,8 +225,11 @@ def fusedfull(name: str = "A") -> list[str]:
     return lines
 
 
+SECTIONS = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull}
+
 if __name__ == "__main__":
-    what, rest = sys.argv[1], sys.argv[2:]
-    rows = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs,
-            "fusedfull": fusedfull}[what](*rest)
-    print("\n".join(rows))
+    if len(sys.argv) < 2 or sys.argv[1] not in SECTIONS:
+        sys.exit(__doc__)
+    if not torch.cuda.is_available():
+        sys.exit("attention_host.py measures GPU host and kernel time: run it on a CUDA machine")
+    print("\n".join(SECTIONS[sys.argv[1]](*sys.argv[2:])))

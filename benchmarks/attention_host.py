@@ -7,6 +7,7 @@
     python benchmarks/attention_host.py tiles A64      # ... on batch A's lengths at H=8, D=64
     python benchmarks/attention_host.py fwdconfigs     # forward configurations on batch A, non-causal and causal
     python benchmarks/attention_host.py fusedfull A    # full attention through the window op's fused backward
+    python benchmarks/attention_host.py context B [unbound]  # descriptor launches on autograd's thread
 
 Host time is the wall time of back-to-back calls before the final synchronize (the GPU keeps up, so it is the
 host's). GPU times are torch.profiler device times per call. Run with GEMTRAIN_ATTN_AUTOTUNE=0.
@@ -225,7 +226,32 @@ def fusedfull(name: str = "A") -> list[str]:
     return lines
 
 
-SECTIONS = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull}
+def context(name: str = "B", bind: str = "bind") -> list[str]:
+    """Descriptor launches on autograd's device thread (run in a fresh process): the backward's kernels
+    compiled by raw op calls on the main thread, then the first ``backward()``, descriptors forced on.
+    ``unbound`` skips ``bind_context`` (the launch then fails with "invalid device context")."""
+    from kernels import attention_triton_common as common
+
+    common.TMA = "1"
+    if bind == "unbound":
+        common.bind_context = lambda device: None
+    offs, T, max_len, q, k, v, do = _batch(name, grad=True)
+    gargs, _, _ = _generic_args(q, k, offs, T, max_len)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = torch.ops.gemtrain.jagged_attn_fwd(qd, kd, vd, *gargs)
+    torch.ops.gemtrain.jagged_attn_bwd(do, qd, kd, vd, out, lse, *gargs)
+    torch.cuda.synchronize()
+    try:
+        jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len).backward(do)
+        torch.cuda.synchronize()
+        result = "ok"
+    except RuntimeError as e:
+        result = f"failed: {str(e).splitlines()[0]}"
+    return [f"| batch {name}, {bind} | first autograd backward with descriptors: {result} |"]
+
+
+SECTIONS = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull,
+            "context": context}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in SECTIONS:

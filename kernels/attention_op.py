@@ -52,11 +52,27 @@ def work_list(tile_offsets: Tensor, other_offsets: Tensor, block: int, total: in
     return torch.stack([row, tile], dim=1).to(torch.int32).contiguous(), n_items
 
 
+# Tensor descriptors save GPU time on large calls (batch A, causal: forward 1.04-1.10 ms against 1.25-1.33 with
+# pointers), but Triton encodes every descriptor on the host at each launch (tens of us), which calls bound by
+# host time pay in full (batch B and cross attention: 0.1-0.4 ms more per forward+backward, no GPU time saved):
+# benchmarks/RESULTS.md, "Descriptors cost host time". Below this bound on the score products (query tokens x
+# keys per query x heads x head dim), "auto" streams tiles through pointers.
+DESCRIPTOR_MIN_WORK = 10**11
+
+
+def descriptors_pay(q_tokens: int, keys_per_query: int, heads: int, head_dim: int) -> bool:
+    """Whether a call is large enough for tensor descriptors (``DESCRIPTOR_MIN_WORK``)."""
+    return q_tokens * keys_per_query * heads * head_dim >= DESCRIPTOR_MIN_WORK
+
+
 def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, *streamed: Tensor) -> dict:
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
     # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
     tma = common.use_tma([q, k, *streamed], d, block_d) if streamed else False
+    keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
+    if tma and common.TMA == "auto" and not descriptors_pay(q.shape[0], keys, q.shape[1], d):
+        tma = False
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:

@@ -9,6 +9,7 @@ the block or window (O(L*S) / O(L*W) work).
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import triton
@@ -32,10 +33,29 @@ def use_tma(tensors: list[torch.Tensor], head_dim: int, block_d: int) -> bool:
     """Whether the kernels stream tiles through tensor descriptors for these operands."""
     if TMA == "0" or head_dim != block_d or any(t.data_ptr() % 16 for t in tensors):
         return False
-    if TMA == "1":
-        return True
     t = tensors[0]
-    return t.is_cuda and not INTERPRET and torch.cuda.get_device_capability(t.device)[0] >= 9
+    if TMA != "1" and (not t.is_cuda or INTERPRET or torch.cuda.get_device_capability(t.device)[0] < 9):
+        return False
+    if t.is_cuda:
+        bind_context(t.device)
+    return True
+
+
+_THREAD = threading.local()
+
+
+def bind_context(device: torch.device) -> None:
+    """Make ``device``'s CUDA context current on this thread, once per thread and device.
+
+    Triton encodes a launch's tensor descriptors before its launcher binds a context, so the first launch
+    with descriptors on a thread that has not used the CUDA runtime yet fails with "invalid device context".
+    Autograd's device thread is such a thread when the backward's kernels were compiled on another one and
+    nothing in the backward launched a CUDA kernel before them. A stream query binds the primary context.
+    """
+    bound = _THREAD.__dict__.setdefault("devices", set())
+    if device.index not in bound:
+        torch.cuda.current_stream(device).query()
+        bound.add(device.index)
 
 
 def descriptor(t: torch.Tensor, enabled: bool) -> torch.Tensor | TensorDescriptor:

@@ -71,7 +71,7 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
     # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
     tma = common.use_tma([q, k, *streamed], d, block_d) if streamed else False
     keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
-    if tma and common.TMA == "auto" and not descriptors_pay(q.shape[0], keys, q.shape[1], d):
+    if tma and common.TMA != "1" and not descriptors_pay(q.shape[0], keys, q.shape[1], d):
         tma = False
     if INTERPRET:
         tile_q, tile_kv = 32, 32

@@ -69,10 +69,10 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
     d = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(d))
     # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
-    tma = common.use_tma([q, k, *streamed], d, block_d) if streamed else False
-    keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
-    if tma and common.TMA != "1" and not descriptors_pay(q.shape[0], keys, q.shape[1], d):
-        tma = False
+    tma = False
+    if streamed:
+        keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
+        tma = common.use_tma([q, k, *streamed], d, block_d, descriptors_pay(q.shape[0], keys, q.shape[1], d))
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:

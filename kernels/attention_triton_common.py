@@ -29,16 +29,22 @@ ACT_CODES = {"softmax": 0, "silu": 1, "gelu": 2}
 SMEM_LIMIT = 232448  # bytes of shared memory per block on Hopper (H100/H200)
 
 
-def use_tma(tensors: list[torch.Tensor], head_dim: int, block_d: int) -> bool:
-    """Whether the kernels stream tiles through tensor descriptors for these operands."""
+def use_tma(tensors: list[torch.Tensor], head_dim: int, block_d: int, pays: bool = True) -> bool:
+    """Whether the kernels stream tiles through tensor descriptors for these operands. ``pays``: whether the
+    call is large enough for them (``attention_op.descriptors_pay``); "auto" needs it, "1" does not."""
     if TMA == "0" or head_dim != block_d or any(t.data_ptr() % 16 for t in tensors):
         return False
     t = tensors[0]
-    if TMA != "1" and (not t.is_cuda or INTERPRET or torch.cuda.get_device_capability(t.device)[0] < 9):
+    if TMA != "1" and not (pays and on_hopper(t)):
         return False
     if t.is_cuda:
         bind_context(t.device)
     return True
+
+
+def on_hopper(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives on a GPU with the bulk tensor copy engine (sm_90+), outside the interpreter."""
+    return t.is_cuda and not INTERPRET and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
 _THREAD = threading.local()

@@ -27,9 +27,9 @@ def test_descriptors_pay_on_batch_a_only():
     ("auto", BATCH_A, 0, True), ("auto", BATCH_B, 0, False), ("auto", BATCH_A, 64, False),
     ("1", BATCH_B, 0, True), ("0", BATCH_A, 0, False)])
 def test_plan_streams_through_descriptors_where_they_pay(monkeypatch, mode, batch, block_size, expected):
-    # use_tma stands in for a Hopper GPU (it answers for the device and the operands' alignment)
+    # meta tensors stand in for a Hopper GPU's (no data, no context to bind)
     monkeypatch.setattr(common, "TMA", mode)
-    monkeypatch.setattr(common, "use_tma", lambda tensors, head_dim, block_d: mode != "0")
+    monkeypatch.setattr(common, "on_hopper", lambda t: True)
     tokens, longest, heads, dim = batch
     q = torch.empty(tokens, heads, dim, dtype=torch.bfloat16, device="meta")
     plan = op._plan(q, q, longest, block_size, 0, q)

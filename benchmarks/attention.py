@@ -12,7 +12,7 @@
     python benchmarks/attention.py blocksweep 4096    # their groups / warps / stages, timed alone
     python benchmarks/attention.py windowcheck        # the window kernels vs float64 (issue 5)
     python benchmarks/attention.py windowtune 4096 256  # each window kernel's configuration, timed alone
-    python benchmarks/attention.py fp8 A              # FP8 forward vs our bf16 forward (issue 8; also --fp8)
+    python benchmarks/attention.py fp8 A calls=5      # FP8 forward vs our bf16 forward (issue 8; also --fp8)
 
 Baselines run in the same process: ``flex_attention`` (compiled) on the packed batch with a document
 mask (and the same bias as ``score_mod``), and padded ``scaled_dot_product_attention`` (flash backend).
@@ -81,6 +81,23 @@ def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2, warm_ms
         else:
             times.append(1e3 * (time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def gpu_ms(fn: Callable[[], object], calls: int = 5) -> float:
+    """Milliseconds of GPU kernel time per call of ``fn`` (torch.profiler; 0 without a GPU): what the call
+    costs the GPU when the host keeps up."""
+    if not torch.cuda.is_available():
+        return 0.0
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / calls
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -381,9 +398,9 @@ def fp8(name: str = "A") -> list[str]:
     time_w = torch.randn(NUM_TIME, H, device="cuda", generator=g) * 0.1
     rows = [f"### FP8 attention forward, batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, ΣL={T}, "
             "inputs bf16", "",
-            "| case | bf16 fwd ms | fp8 fwd ms (with quantize) | fp8 kernel ms | quantize ms | bf16 / fp8 | "
-            "bf16 / fp8 kernel | fp8 TFLOP/s | err fp8 vs f64 | err bf16 vs f64 | fp8 vs emulation | ok |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| case | bf16 fwd ms | fp8 fwd ms (with quantize) | fp8 kernel ms | quantize ms | quantize GPU ms | "
+            "bf16 / fp8 | bf16 / fp8 kernel | fp8 TFLOP/s | err fp8 vs f64 | err bf16 vs f64 | fp8 vs emulation | ok |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cases = [
         ("causal softmax", dict(causal=True), {}),
         ("causal softmax, V row-major", dict(causal=True), dict(v_transposed=False)),
@@ -400,7 +417,7 @@ def fp8(name: str = "A") -> list[str]:
         kw.update(max_q_len=16 if cross else max_len, max_kv_len=max_len)
         flops = jagged_attention_flops(qo, offs, H, D, causal=kw.get("causal", False))
         try:
-            t_bf, t_f8, t_k, t_q, e8, eb, ee = _fp8_case(qx, k, v, qo, offs, kw,
+            t_bf, t_f8, t_k, t_q, t_qg, e8, eb, ee = _fp8_case(qx, k, v, qo, offs, kw,
                                                         opt.get("quant_block", DEFAULT_QUANT_BLOCK),
                                                         opt.get("v_transposed", True), emulation=True)
         except Exception as e:  # report and go on: one broken case must not hide the others
@@ -408,7 +425,7 @@ def fp8(name: str = "A") -> list[str]:
             print(rows[-1], flush=True)
             torch.cuda.empty_cache()
             continue
-        rows.append(f"| {label} | {t_bf:.3f} | {t_f8:.3f} | {t_k:.3f} | {t_q:.3f} | {t_bf / t_f8:.2f}x | "
+        rows.append(f"| {label} | {t_bf:.3f} | {t_f8:.3f} | {t_k:.3f} | {t_q:.3f} | {t_qg:.3f} | {t_bf / t_f8:.2f}x | "
                     f"{t_bf / t_k:.2f}x | {flops / t_k / 1e9:.0f} | {e8:.1e} | {eb:.1e} | {ee:.1e} | "
                     f"{'yes' if e8 <= FP8_REL_BOUND else 'NO'} |")
         print(rows[-1], flush=True)
@@ -419,19 +436,16 @@ def fp8(name: str = "A") -> list[str]:
 @torch.no_grad()
 def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tensor, offs: torch.Tensor, kw: dict,
               qb: int, v_t: bool, emulation: bool = False) -> tuple[float, ...]:
-    """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, fp8 error, bf16 error) of one case, errors against
-    a float64 reference; with ``emulation`` a seventh item: the FP8 output against its fp32 emulation."""
+    """(bf16 ms, fp8 ms, fp8 kernel-only ms, quantize ms, quantize GPU ms, fp8 error, bf16 error) of one case,
+    errors against a float64 reference; with ``emulation`` an eighth item: the FP8 output against its fp32
+    emulation. "quantize GPU ms": the quantize launch's kernel time alone (profiler), without host time."""
     from kernels.attention_fp8 import jagged_attention_fp8, jagged_attention_fp8_ref
-    from kernels.attention_fp8_op import fp8_fwd_quantized, quant_plan, quantize_jagged_triton
+    from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_qkv
     from kernels.attention_op import _len_key
     from kernels.attention_ref import jagged_attention_ref
 
-    def quant():  # as the op does it: K and V share one plan
-        a, _ = quantize_jagged_triton(q, qo, qb)
-        kv_plan = quant_plan(offs, qb, k.shape[0])
-        b, _ = quantize_jagged_triton(k, offs, qb, plan=kv_plan)
-        c, ct = quantize_jagged_triton(v, offs, qb, transposed=v_t, plan=kv_plan)
-        return a, b, c, ct
+    def quant():  # as the op does it: one launch for q, k and v
+        return quantize_qkv(q, k, v, qo, offs, qb, v_t)
 
     qq, kq, vq, vt = quant()
     bias, act = kw.get("bias"), kw.get("activation", "softmax")
@@ -454,15 +468,19 @@ def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tenso
     exact = jagged_attention_ref(q.double(), k.double(), v.double(), qo, offs, **ref_kw)
     errs = [rel_err(out8, exact), rel_err(bf(), exact)]
     del exact
-    if emulation:  # same quantized operands in fp32, P quantized per KV tile (the kernel's tile when autotune is off)
-        emu = jagged_attention_fp8_ref(q, k, v, qo, offs, quant_block=qb, tile_n=min(qb, 128), **ref_kw)
+    if emulation:  # same quantized operands in fp32, P quantized per KV tile of the kernel's last configuration
+        from kernels.attention_fp8_triton import jagged_attn_fp8_fwd_kernel
+
+        tile_n = jagged_attn_fp8_fwd_kernel.best_config.kwargs["BLOCK_N"]
+        emu = jagged_attention_fp8_ref(q, k, v, qo, offs, quant_block=qb, tile_n=tile_n, **ref_kw)
         errs.append(rel_err(out8, emu.double()))
         del emu
-    times = [cuda_time(fn) for fn in (bf, f8, kern, quant)]
-    return (*times, *errs)
+    times = [cuda_time(fn, calls=BENCH_CALLS) for fn in (bf, f8, kern, quant)]
+    return (*times, gpu_ms(quant), *errs)
 
 
 def main(argv: list[str]) -> None:
+    global BENCH_CALLS
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     out: list[str] = []
@@ -471,7 +489,6 @@ def main(argv: list[str]) -> None:
         match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)
         out = check(*(int(a) for a in argv[2:4] if not a.startswith("match=")), match=match)
     elif what == "bench":  # bench [A] [B] [rows=softmax,bias,biasparts,cross,silu] [calls=N]
-        global BENCH_CALLS
         only = next((set(a[5:].split(",")) for a in argv[2:] if a.startswith("rows=")), None)
         BENCH_CALLS = next((int(a[6:]) for a in argv[2:] if a.startswith("calls=")), 1)
         for name in [a for a in argv[2:] if not a.startswith(("rows=", "calls="))] or ["A", "B"]:
@@ -479,8 +496,9 @@ def main(argv: list[str]) -> None:
             # batch B's flex rows on the eager fallback, which ran out of memory (RESULTS.md): start clean.
             torch._dynamo.reset()
             out += bench(name, only) + [""]
-    elif what in ("fp8", "--fp8"):  # fp8 [A|B]: FP8 forward vs our bf16 forward (issue 8)
-        out = fp8(argv[2] if len(argv) > 2 else "A")
+    elif what in ("fp8", "--fp8"):  # fp8 [A|B] [calls=N]: FP8 forward vs our bf16 forward (issue 8)
+        BENCH_CALLS = next((int(a[6:]) for a in argv[2:] if a.startswith("calls=")), 1)
+        out = fp8(next((a for a in argv[2:] if not a.startswith("calls=")), "A"))
     elif what in ("local", "blockcheck", "blocksweep", "windowcheck", "windowtune"):  # block / window (issue 5)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
         from benchmarks import attention_local

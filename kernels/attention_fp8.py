@@ -7,8 +7,8 @@ Recipe (arithmetic of the Triton kernel ``kernels.attention_fp8_triton`` and of 
   The scale is ``2**ceil(log2(amax / 448))`` (``kernels.mx`` Hopper rule: nothing saturates, and
   dividing by a power of two is exact), its exponent clamped to [-63, 63]. For V the blocks run along the reduction dimension of PV.
 * softmax: the probabilities P (in [0, 1], relative to the running row max of the online softmax) are
-  stored as e4m3 of ``P * 256`` before the PV product (a fixed scale, as FA3's FP8 path); the row sum
-  adds the unquantized P. silu/gelu: P gets one power-of-two scale per (query, KV tile).
+  computed as ``P * 256 = exp2(s - (m - 8))`` and stored as e4m3 before the PV product (a fixed scale, as
+  FA3's FP8 path); the row sum adds the unquantized ``P * 256``, so the scale cancels in ``acc / l``. silu/gelu: P gets one power-of-two scale per (query, KV tile).
 * Accumulation in fp32; the output has the input dtype. Semantics (masks, bias, activations): those of
   ``kernels.attention_spec``.
 
@@ -39,6 +39,7 @@ Tensor = torch.Tensor
 QUANT_BLOCKS = (64, 128)
 DEFAULT_QUANT_BLOCK = 128
 P_SCALE = 256.0  # keep equal to kernels.attention_fp8_triton.P_SCALE
+LOG2_P_SCALE = 8.0
 SCALE_EXP_LIMIT = 63  # keep equal to kernels.attention_fp8_triton.SCALE_EXP_LIMIT
 LOG2E = 1.4426950408889634
 PRECISIONS = ("bf16", "fp8")
@@ -111,10 +112,11 @@ def _fake_quant(x: Tensor, offsets: Tensor, block: int) -> Tensor:
 
 
 def _quant_p(p: Tensor, softmax: bool) -> Tensor:
-    """The kernel's P quantization (fixed scale for softmax; per-row power of two otherwise), STE."""
+    """The kernel's P quantization (softmax: ``p`` already multiplied by ``P_SCALE``; per-row power of two
+    otherwise), STE."""
     pd = p.detach()
     if softmax:
-        pq = (pd * P_SCALE).to(torch.float8_e4m3fn).float() / P_SCALE
+        pq = pd.to(torch.float8_e4m3fn).float()
     else:
         amax_bits = pd.view(torch.int32).bitwise_and(0x7FFFFFFF).amax(-1, keepdim=True)
         inv, sbits, _ = _scale_bits_ref(amax_bits, e8m0=False)
@@ -191,7 +193,7 @@ def _tiled_ref(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: T
             if softmax:
                 m_new = torch.maximum(m, sc.detach().amax(-1))
                 m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
-                p = torch.exp2(sc - m_safe[..., None])
+                p = torch.exp2(sc - (m_safe - LOG2_P_SCALE)[..., None])  # P * P_SCALE, as the kernel
                 alpha = torch.exp2(m - m_safe)
                 l_sum = l_sum * alpha + p.sum(-1)
                 acc = acc * alpha[..., None] + torch.einsum("nhij,njhd->nhid", _quant_p(p, True), vt)

@@ -1,22 +1,38 @@
 """FP8 jagged attention as a ``torch.library`` custom op (``gemtrain::jagged_attn_fp8_fwd``).
 
-The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one pass each) and
-runs the FP8 forward kernel.
+The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for the
+three) and runs the FP8 forward kernel.
 Its autograd backward is the bf16 path's ``gemtrain::jagged_attn_bwd`` on the unquantized q, k, v with the
 FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.attention_fp8 import Fp8Jagged
-from kernels.attention_fp8_triton import jagged_attn_fp8_fwd_kernel, jagged_quant_kernel
-from kernels.attention_op import _len_key, _meta, _pairs_or_estimate, _plan, _ptr, _unset, work_list
+from kernels.attention_fp8_triton import (
+    jagged_attn_fp8_fwd_kernel,
+    jagged_quant_kernel,
+    jagged_quant_qkv_kernel,
+)
+from kernels.attention_op import (
+    _len_key,
+    _meta,
+    _pairs_or_estimate,
+    _plan,
+    _ptr,
+    _unset,
+    descriptors_pay,
+    work_list,
+)
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_common import INTERPRET
+from kernels.attention_triton_common import use_tma
 
 Tensor = torch.Tensor
 
@@ -30,54 +46,132 @@ def quant_plan(offsets: Tensor, block: int, total: int) -> tuple[Tensor, Tensor,
     return blk_off, work, n_items
 
 
-def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False,
-                           plan: tuple[Tensor, Tensor, int] | None = None) -> tuple[Fp8Jagged, Tensor | None]:
-    """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
-    ``[H * D, tokens]`` copy of the codes (token stride padded to 16 bytes) that the attention kernel reads V from.
-    ``plan``: ``quant_plan(offsets, block, len(x))``, to share one between tensors of the same layout."""
+class TransposedCodes(NamedTuple):
+    """V's e4m3 codes as ``data`` ``[H * D, width]``: head h's dim d is row ``h * D + d``, tokens run along the
+    columns, and each jagged row's tokens start at a multiple of ``ROW_ALIGN`` columns (``offsets`` ``[B+1]``,
+    zeros in the gaps), so tiles that start at multiples of the KV tile inside a row start on 16-byte
+    boundaries (tensor descriptors need that on their contiguous dim). ``width`` bounds the columns used
+    without a device sync."""
+
+    data: Tensor
+    offsets: Tensor
+
+
+ROW_ALIGN = 16
+
+
+def transposed_offsets(offsets: Tensor) -> Tensor:
+    """First column of each jagged row in ``TransposedCodes`` ([B+1] int32: lengths rounded up to ``ROW_ALIGN``)."""
+    lens = (offsets[1:] - offsets[:-1]).long()
+    padded = (lens + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
+    return torch.cat([padded.new_zeros(1), padded.cumsum(0)]).to(torch.int32)
+
+
+def _outputs(x: Tensor, offsets: Tensor, block: int, transposed: bool, row_major: bool
+             ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Buffers of one quantized tensor: (codes, scales, transposed codes, their row starts)."""
     total, heads, dim = x.shape
-    bid_bound = (total + block - 1) // block + offsets.numel() - 1
-    blk_off, work, n_items = plan if plan is not None else quant_plan(offsets, block, total)
-    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(max(bid_bound, 1), heads, dtype=torch.int32, device=x.device)
-    data_t = None
-    if transposed:
-        data_t = torch.empty(heads * dim, (total + 15) // 16 * 16, dtype=torch.uint8, device=x.device)
-    if n_items > 0:
-        jagged_quant_kernel[(n_items * heads,)](
-            x.contiguous(), data, data if data_t is None else data_t, scale, offsets, blk_off, work,
-            0 if data_t is None else data_t.stride(0), H=heads, HEAD_DIM=dim,
-            BLOCK_D=max(16, triton.next_power_of_2(dim)), QUANT_BLOCK=block, TRANSPOSED=transposed,
-            num_warps=8 if block * dim >= 8192 else 4,  # a 128x128 fp32 tile would spill with 4 warps
-        )
+    data = torch.empty(x.shape if row_major or not transposed else (0, heads, dim), dtype=torch.uint8,
+                       device=x.device)
+    scale = torch.empty(max((total + block - 1) // block + offsets.numel() - 1, 1), heads, dtype=torch.int32,
+                        device=x.device)  # bounds the blocks without a device sync
+    if not transposed:
+        return data, scale, None, None
+    width = (total + (offsets.numel() - 1) * (ROW_ALIGN - 1) + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
+    data_t = torch.empty(heads * dim, max(width, ROW_ALIGN), dtype=torch.uint8, device=x.device)
+    return data, scale, data_t, transposed_offsets(offsets)
+
+
+def _results(data: Tensor, scale: Tensor, blk_off: Tensor, data_t: Tensor | None, cols: Tensor | None
+             ) -> tuple[Fp8Jagged, TransposedCodes | None]:
     f8 = torch.float8_e4m3fn
-    return Fp8Jagged(data.view(f8), scale.view(torch.float32), blk_off), None if data_t is None else data_t.view(f8)
+    vt = None if data_t is None else TransposedCodes(data_t.view(f8), cols)
+    return Fp8Jagged(data.view(f8), scale.view(torch.float32), blk_off), vt
+
+
+def _quant_meta(x: Tensor, block: int) -> dict:
+    dim = x.shape[-1]
+    return dict(H=x.shape[1], HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), QUANT_BLOCK=block,
+                num_warps=8 if block * dim >= 8192 else 4)  # a 128x128 fp32 tile would spill with 4 warps
+
+
+def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False,
+                           plan: tuple[Tensor, Tensor, int] | None = None,
+                           row_major: bool = True) -> tuple[Fp8Jagged, TransposedCodes | None]:
+    """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
+    ``TransposedCodes`` that the attention kernel reads V from.
+    ``plan``: ``quant_plan(offsets, block, len(x))``, to share one between tensors of the same layout.
+    ``row_major=False`` (with ``transposed``) skips the ``[tokens, H, D]`` codes: ``data`` is then empty."""
+    blk_off, work, n_items = plan if plan is not None else quant_plan(offsets, block, x.shape[0])
+    data, scale, data_t, cols = _outputs(x, offsets, block, transposed, row_major)
+    if n_items > 0:
+        jagged_quant_kernel[(n_items * x.shape[1],)](
+            x.contiguous(), data, data if data_t is None else data_t, scale, offsets, blk_off, work,
+            offsets if cols is None else cols, 0 if data_t is None else data_t.stride(0), TRANSPOSED=transposed,
+            ROW_MAJOR=row_major or not transposed, **_quant_meta(x, block),
+        )
+    return _results(data, scale, blk_off, data_t, cols)
+
+
+def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
+                 v_transposed: bool) -> tuple[Fp8Jagged, Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
+    """``quantize_jagged_triton`` of q, k and v (v transposed alone when ``v_transposed``) in one launch."""
+    kv_plan = quant_plan(kv_offsets, block, k.shape[0])  # K and V share the layout, and Q in self-attention
+    q_plan = kv_plan if q_offsets is kv_offsets else quant_plan(q_offsets, block, q.shape[0])
+    qd, qs, _, _ = _outputs(q, q_offsets, block, False, True)
+    kd, ks, _, _ = _outputs(k, kv_offsets, block, False, True)
+    vd, vs, vt, cols = _outputs(v, kv_offsets, block, v_transposed, False)
+    items = max(q_plan[2], kv_plan[2])
+    if items > 0:
+        jagged_quant_qkv_kernel[(items * q.shape[1], 3)](
+            q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs, q_offsets, kv_offsets, q_plan[0], kv_plan[0],
+            q_plan[1], kv_plan[1], kv_offsets if cols is None else cols, q_plan[2], kv_plan[2],
+            0 if vt is None else vt.stride(0), V_TRANSPOSED=v_transposed, **_quant_meta(q, block),
+        )
+    vq, v_codes = _results(vd, vs, kv_plan[0], vt, cols)
+    return _results(qd, qs, q_plan[0], None, None)[0], _results(kd, ks, kv_plan[0], None, None)[0], vq, v_codes
+
+
+def _descriptors(q: Tensor, k: Tensor, v_t: Tensor | None, enabled: bool) -> tuple:
+    """Tensor descriptors of the Q and K codes (``[tokens, H*D]``) and of the transposed V codes
+    (``TransposedCodes.data``); block shapes are set per configuration (``descriptor_hook``). The tensors
+    themselves when descriptors are off."""
+    if not enabled:
+        return q, k, k if v_t is None else v_t
+    _, heads, dim = q.shape
+    flat = lambda t: TensorDescriptor(t, [t.shape[0], heads * dim], [heads * dim, 1], [16, dim])
+    vt = TensorDescriptor(v_t, list(v_t.shape), [v_t.stride(0), 1], [dim, 16])
+    return flat(q), flat(k), vt
 
 
 def fp8_fwd_quantized(
-    q: Tensor, k: Tensor, qq: Fp8Jagged, kq: Fp8Jagged, vq: Fp8Jagged, v_t: Tensor | None,
+    q: Tensor, k: Tensor, qq: Fp8Jagged, kq: Fp8Jagged, vq: Fp8Jagged, vt: TransposedCodes | None,
     q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
     q_len_hint: int, quant_block: int,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 forward kernel on already-quantized inputs (``q``/``k``: shapes and output dtype only).
-    ``v_t``: the transposed V codes (read instead of ``vq.data`` when given)."""
+    ``vt``: the transposed V codes (read instead of ``vq.data`` when given)."""
+    v_t = None if vt is None else vt.data
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
     plan["block_d"] = max(32, plan["block_d"])  # FP8 tensor-core MMAs reduce over >= 32 elements
-    if not INTERPRET and block_size == 0 and q_len_hint == 0 and plan["block_d"] == 128:
-        plan["tile_q"] = 128  # the tile this kernel was measured with (bf16 kernels use 64 at D=128)
     work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     meta.pop("PREC")
-    meta.pop("USE_TMA")  # this kernel streams its tiles through pointers
+    d = q.shape[-1]
+    keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
+    tma = v_t is not None and use_tma([qq.data, kq.data, v_t], d, plan["block_d"],
+                                      descriptors_pay(q.shape[0], keys, q.shape[1], d))
+    meta["USE_TMA"] = tma
     jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
-        qq.data, kq.data, vq.data if v_t is None else v_t, qq.scale, kq.scale, vq.scale, qq.block_offsets,
+        qq.data, kq.data, vq.data if v_t is None else v_t, *_descriptors(qq.data, kq.data, v_t, tma),
+        qq.scale, kq.scale, vq.scale, qq.block_offsets,
         kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), scale, float(max(norm, 1)), max(window, 0), len_key,
-        0 if v_t is None else v_t.stride(0), QUANT_BLOCK=quant_block, EXACT_CVT=INTERPRET,
+        _ptr(kv_timestamps, kv_offsets), kv_offsets if vt is None else vt.offsets, scale, float(max(norm, 1)),
+        max(window, 0), len_key, 0 if v_t is None else v_t.stride(0), QUANT_BLOCK=quant_block,
         V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"], **meta,
     )
     return out, lse
@@ -94,10 +188,7 @@ def jagged_attn_fp8_fwd(
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
-    qq, _ = quantize_jagged_triton(q, q_offsets, quant_block)
-    kv_plan = quant_plan(kv_offsets, quant_block, k.shape[0])  # K and V share the layout
-    kq, _ = quantize_jagged_triton(k, kv_offsets, quant_block, plan=kv_plan)
-    vq, v_t = quantize_jagged_triton(v, kv_offsets, quant_block, transposed=v_transposed, plan=kv_plan)
+    qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed)
     return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
                              q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
                              len_key, q_len_hint, quant_block)
@@ -160,4 +251,5 @@ def jagged_attention_fp8_triton(
     return out
 
 
-__all__ = ["fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan", "quantize_jagged_triton"]
+__all__ = ["TransposedCodes", "fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan",
+           "quantize_jagged_triton", "quantize_qkv", "transposed_offsets"]

@@ -96,7 +96,37 @@ def test_triton_quantizer_is_bit_identical(dtype):
         assert torch.equal(got.data.view(torch.uint8), codes)
         assert torch.equal(got.scale[:nb].view(torch.int32), want.scale.view(torch.int32))
         assert torch.equal(got.block_offsets, want.block_offsets)
-        assert torch.equal(got_t[:, :total].view(torch.uint8), codes.view(total, -1).t())
+        # Transposed: each row from a multiple of 16 columns, zeros up to the next multiple.
+        assert got_t.offsets.tolist() == [0, 80, 80, 96, 224, 368]
+        flat_t = got_t.data.view(torch.uint8)
+        for b, n in enumerate(lens):
+            c0, t0 = int(got_t.offsets[b]), int(off[b])
+            assert torch.equal(flat_t[:, c0:c0 + n], codes[t0:t0 + n].reshape(n, flat_t.shape[0]).t())
+            assert not flat_t[:, c0 + n:int(got_t.offsets[b + 1])].any()
+        rows_off, _ = quantize_jagged_triton(x, off, block, transposed=True, row_major=False)
+        assert rows_off.data.numel() == 0
+        assert torch.equal(rows_off.scale[:nb].view(torch.int32), got.scale[:nb].view(torch.int32))
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("v_t", [False, True])
+def test_one_launch_for_q_k_v_matches_three(cross, v_t):
+    from kernels.attention_fp8_op import quantize_jagged_triton, quantize_qkv
+
+    p = make_problem(6, [3, 20, 0, 1] if cross else [70, 0, 5, 129], [70, 0, 5, 129], dim=32)
+    x = [t.float() for t in (p.q, p.k, p.v)]
+    got = quantize_qkv(*x, p.q_offsets, p.kv_offsets, 64, v_t)
+    want = [quantize_jagged_triton(x[0], p.q_offsets, 64)[0], quantize_jagged_triton(x[1], p.kv_offsets, 64)[0]]
+    v_codes, v_tr = quantize_jagged_triton(x[2], p.kv_offsets, 64, transposed=v_t, row_major=not v_t)
+    for a, b in zip(got[:3], [*want, v_codes], strict=True):
+        nb = int(b.block_offsets[-1])
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+        assert torch.equal(a.scale[:nb], b.scale[:nb]) and torch.equal(a.block_offsets, b.block_offsets)
+    assert (got[3] is None) == (not v_t)
+    if v_t:
+        assert torch.equal(got[3].offsets, v_tr.offsets)
+        used = int(v_tr.offsets[-1])
+        assert torch.equal(got[3].data.view(torch.uint8)[:, :used], v_tr.data.view(torch.uint8)[:, :used])
 
 
 CASES = [
@@ -259,11 +289,42 @@ def test_benchmark_fp8_case_runs_on_the_interpreter(monkeypatch, capsys):
     import benchmarks.attention as bench
     from kernels import attention_impl
 
-    monkeypatch.setattr(bench, "cuda_time", lambda fn, reps=10, warmup=2: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "cuda_time", lambda fn, reps=10, warmup=2, calls=1: (fn(), 1.0)[1])
     p = make_problem(9, [24, 9, 40], [24, 9, 40])
     q, k, v = (t.half() for t in (p.q, p.k, p.v))
     kw = dict(causal=True, bias=_bias(p), max_q_len=40, max_kv_len=40)
     with attention_impl("triton"):
-        *times, err_fp8, err_bf = bench._fp8_case(q, k, v, p.q_offsets, p.kv_offsets, kw, 64, True)
-    assert times == [1.0] * 4 and "disagree" not in capsys.readouterr().out
+        *times, gpu, err_fp8, err_bf, err_emu = bench._fp8_case(q, k, v, p.q_offsets, p.kv_offsets, kw, 64, True,
+                                                                 emulation=True)
+    assert times == [1.0] * 4 and gpu == 0.0 and "disagree" not in capsys.readouterr().out
     assert err_bf < 0.01 < err_fp8 <= FP8_REL_BOUND
+    assert err_emu < 1e-3  # the emulation replays the kernel's own KV tiles (fp16 output rounding)
+
+
+@pytest.mark.parametrize("act,kw", [("softmax", dict(causal=True)), ("silu", dict(causal=False, targets=True))])
+def test_descriptor_path_matches_reference_and_keeps_rows_apart(monkeypatch, act, kw):
+    # GEMTRAIN_ATTN_TMA=1: Q, K and the transposed V stream through tensor descriptors spanning every row, so
+    # a tile past a row's end reads the next row's codes; they must not reach the row's output.
+    from kernels import attention_fp8_op as op8
+    from kernels import attention_triton_common as common
+
+    monkeypatch.setattr(common, "TMA", "1")
+    made = []
+    real = op8._descriptors
+    monkeypatch.setattr(op8, "_descriptors", lambda *a: made.append(a[-1]) or real(*a))
+    kw = dict(kw)
+    targets = kw.pop("targets", False)
+    lens = [45, 40, 0, 1]  # row 0 ends inside a 32-key tile: its last tile reads row 1's first tokens
+    p = make_problem(13, lens, lens, dim=32, targets=targets)  # descriptors need D = the 32-wide tile
+    common_kw = dict(activation=act, bias=_bias(p), num_targets=p.num_targets, quant_block=64, **kw)
+    args = (p.q.float(), p.k.float(), p.v.float(), p.q_offsets, p.kv_offsets)
+    out = jagged_attention_fp8(*args, impl="triton", **common_kw)
+    assert made and all(made), "the kernel did not take the descriptor path"
+    ref = jagged_attention_fp8_ref(*args, tile_n=INTERPRET_TILE_N, **common_kw)
+    assert rel_err(out, ref.double()) <= 1e-5
+    moved = [t.clone() for t in args[:3]]
+    for t in moved:
+        t[lens[0]:] = 50.0 * torch.randn(t[lens[0]:].shape, generator=torch.Generator().manual_seed(1))
+    out2 = jagged_attention_fp8(*moved, p.q_offsets, p.kv_offsets, impl="triton", **common_kw)
+    assert torch.equal(out[:lens[0]], out2[:lens[0]])
+    assert not torch.equal(out[lens[0]:], out2[lens[0]:])

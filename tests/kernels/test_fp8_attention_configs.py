@@ -24,4 +24,4 @@ def test_pruned_configs_fit_the_scale_block(monkeypatch, autotune, qb):
     kept = k8._prune(configs, _nargs(), QUANT_BLOCK=qb, BLOCK_D=128, BLOCK_M=128)
     assert kept and all(qb % c.kwargs["BLOCK_N"] == 0 for c in kept)
     if not autotune:
-        assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == min(qb, 128)
+        assert len(kept) == 1 and kept[0].kwargs["BLOCK_N"] == 64

@@ -22,6 +22,7 @@ from kernels.attention_fp8_triton import (
     jagged_quant_qkv_kernel,
 )
 from kernels.attention_op import (
+    _launch_key,
     _len_key,
     _meta,
     _pairs_or_estimate,
@@ -32,7 +33,7 @@ from kernels.attention_op import (
     work_list,
 )
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_common import use_tma
+from kernels.attention_triton_common import launch, use_tma
 
 Tensor = torch.Tensor
 
@@ -165,15 +166,15 @@ def fp8_fwd_quantized(
     tma = v_t is not None and use_tma([qq.data, kq.data, v_t], d, plan["block_d"],
                                       descriptors_pay(q.shape[0], keys, q.shape[1], d))
     meta["USE_TMA"] = tma
-    jagged_attn_fp8_fwd_kernel[(n_items * q.shape[1],)](
+    launch(jagged_attn_fp8_fwd_kernel, (n_items * q.shape[1],), (
         qq.data, kq.data, vq.data if v_t is None else v_t, *_descriptors(qq.data, kq.data, v_t, tma),
         qq.scale, kq.scale, vq.scale, qq.block_offsets,
         kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), kv_offsets if vt is None else vt.offsets, scale, float(max(norm, 1)),
-        max(window, 0), len_key, 0 if v_t is None else v_t.stride(0), QUANT_BLOCK=quant_block,
-        V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"], **meta,
-    )
+        max(window, 0), len_key, 0 if v_t is None else v_t.stride(0),
+    ), dict(QUANT_BLOCK=quant_block, V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"], **meta),
+        _launch_key(len_key, q, q_offsets, q_timestamps))
     return out, lse
 
 

@@ -20,6 +20,7 @@ from kernels.attention_fp8_triton import (
     jagged_attn_fp8_fwd_kernel,
     jagged_quant_kernel,
     jagged_quant_qkv_kernel,
+    quant_plan_kernel,
 )
 from kernels.attention_op import (
     _launch_key,
@@ -33,18 +34,55 @@ from kernels.attention_op import (
     work_list,
 )
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_common import launch, use_tma
+from kernels.attention_triton_common import INTERPRET, launch, use_tma
+from kernels.attention_worklist import fits
 
 Tensor = torch.Tensor
 
 
-def quant_plan(offsets: Tensor, block: int, total: int) -> tuple[Tensor, Tensor, int]:
-    """(first scale block of each row [B+1] int32, work list, its length) of one jagged layout; K and V share it."""
+class QuantPlan(NamedTuple):
+    """Where the quantizer's work goes for one jagged layout (K and V share it, and Q in self-attention):
+    each row's first scale block (``block_offsets``, [B+1] int32), each row's first column in
+    ``TransposedCodes`` (``columns``, [B+1] int32: lengths rounded up to ``ROW_ALIGN``), and the (row, block)
+    work list in row order (``work`` [n_items, 2] int32, row -1 past the last block; ``n_items`` bounds the
+    blocks without a device sync)."""
+
+    block_offsets: Tensor
+    columns: Tensor
+    work: Tensor
+    n_items: int
+
+
+def quant_plan(offsets: Tensor, block: int, total: int) -> QuantPlan:
+    """The ``QuantPlan`` of a layout: one Triton launch on the GPU (``quant_plan_kernel``), else these torch ops
+    (its reference)."""
+    num_rows = offsets.numel() - 1
+    n_items = triton.cdiv(total, block) + num_rows
+    if offsets.is_cuda and not INTERPRET and fits(num_rows, total) and not torch.compiler.is_compiling():
+        return quant_plan_triton(offsets, block, n_items)
     lens = (offsets[1:] - offsets[:-1]).long()
-    nblk = (lens + block - 1) // block
-    blk_off = torch.cat([nblk.new_zeros(1), nblk.cumsum(0)]).to(torch.int32)
-    work, n_items = work_list(offsets, offsets, block, total)
-    return blk_off, work, n_items
+    zero = lens.new_zeros(1)
+    cum = ((lens + block - 1) // block).cumsum(0)
+    blk_off = torch.cat([zero, cum])
+    cols = torch.cat([zero, ((lens + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN).cumsum(0)])
+    t = torch.arange(n_items, device=offsets.device)
+    row = torch.searchsorted(cum, t, right=True)
+    valid = row < num_rows
+    blk = t - blk_off[row.clamp(max=num_rows)]
+    work = torch.stack([torch.where(valid, row, -1), torch.where(valid, blk, 0)], 1).to(torch.int32)
+    return QuantPlan(blk_off.to(torch.int32), cols.to(torch.int32), work.contiguous(), n_items)
+
+
+def quant_plan_triton(offsets: Tensor, block: int, n_items: int) -> QuantPlan:
+    """``quant_plan`` in one launch (needs ``attention_worklist.fits``)."""
+    num_rows = offsets.numel() - 1
+    rows = max(16, triton.next_power_of_2(num_rows))
+    blk_off = torch.empty(num_rows + 1, dtype=torch.int32, device=offsets.device)
+    cols = torch.empty(num_rows + 1, dtype=torch.int32, device=offsets.device)
+    work = torch.empty((n_items, 2), dtype=torch.int32, device=offsets.device)
+    quant_plan_kernel[(1,)](offsets, blk_off, cols, work, num_rows, n_items, BLOCK=block, ALIGN=ROW_ALIGN,
+                            ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=1024, num_warps=4)
+    return QuantPlan(blk_off, cols, work, n_items)
 
 
 class TransposedCodes(NamedTuple):
@@ -61,33 +99,25 @@ class TransposedCodes(NamedTuple):
 ROW_ALIGN = 16
 
 
-def transposed_offsets(offsets: Tensor) -> Tensor:
-    """First column of each jagged row in ``TransposedCodes`` ([B+1] int32: lengths rounded up to ``ROW_ALIGN``)."""
-    lens = (offsets[1:] - offsets[:-1]).long()
-    padded = (lens + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
-    return torch.cat([padded.new_zeros(1), padded.cumsum(0)]).to(torch.int32)
-
-
 def _outputs(x: Tensor, offsets: Tensor, block: int, transposed: bool, row_major: bool
-             ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Buffers of one quantized tensor: (codes, scales, transposed codes, their row starts)."""
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Buffers of one quantized tensor: (codes, scales, transposed codes)."""
     total, heads, dim = x.shape
     data = torch.empty(x.shape if row_major or not transposed else (0, heads, dim), dtype=torch.uint8,
                        device=x.device)
     scale = torch.empty(max((total + block - 1) // block + offsets.numel() - 1, 1), heads, dtype=torch.int32,
                         device=x.device)  # bounds the blocks without a device sync
     if not transposed:
-        return data, scale, None, None
+        return data, scale, None
     width = (total + (offsets.numel() - 1) * (ROW_ALIGN - 1) + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN
-    data_t = torch.empty(heads * dim, max(width, ROW_ALIGN), dtype=torch.uint8, device=x.device)
-    return data, scale, data_t, transposed_offsets(offsets)
+    return data, scale, torch.empty(heads * dim, max(width, ROW_ALIGN), dtype=torch.uint8, device=x.device)
 
 
-def _results(data: Tensor, scale: Tensor, blk_off: Tensor, data_t: Tensor | None, cols: Tensor | None
+def _results(data: Tensor, scale: Tensor, plan: QuantPlan, data_t: Tensor | None = None
              ) -> tuple[Fp8Jagged, TransposedCodes | None]:
     f8 = torch.float8_e4m3fn
-    vt = None if data_t is None else TransposedCodes(data_t.view(f8), cols)
-    return Fp8Jagged(data.view(f8), scale.view(torch.float32), blk_off), vt
+    vt = None if data_t is None else TransposedCodes(data_t.view(f8), plan.columns)
+    return Fp8Jagged(data.view(f8), scale.view(torch.float32), plan.block_offsets), vt
 
 
 def _quant_meta(x: Tensor, block: int) -> dict:
@@ -103,15 +133,15 @@ def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: b
     ``TransposedCodes`` that the attention kernel reads V from.
     ``plan``: ``quant_plan(offsets, block, len(x))``, to share one between tensors of the same layout.
     ``row_major=False`` (with ``transposed``) skips the ``[tokens, H, D]`` codes: ``data`` is then empty."""
-    blk_off, work, n_items = plan if plan is not None else quant_plan(offsets, block, x.shape[0])
-    data, scale, data_t, cols = _outputs(x, offsets, block, transposed, row_major)
-    if n_items > 0:
-        jagged_quant_kernel[(n_items * x.shape[1],)](
-            x.contiguous(), data, data if data_t is None else data_t, scale, offsets, blk_off, work,
-            offsets if cols is None else cols, 0 if data_t is None else data_t.stride(0), TRANSPOSED=transposed,
+    plan = plan if plan is not None else quant_plan(offsets, block, x.shape[0])
+    data, scale, data_t = _outputs(x, offsets, block, transposed, row_major)
+    if plan.n_items > 0:
+        jagged_quant_kernel[(plan.n_items * x.shape[1],)](
+            x.contiguous(), data, data if data_t is None else data_t, scale, offsets, plan.block_offsets,
+            plan.work, plan.columns, 0 if data_t is None else data_t.stride(0), TRANSPOSED=transposed,
             ROW_MAJOR=row_major or not transposed, **_quant_meta(x, block),
         )
-    return _results(data, scale, blk_off, data_t, cols)
+    return _results(data, scale, plan, data_t)
 
 
 def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
@@ -119,18 +149,19 @@ def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets:
     """``quantize_jagged_triton`` of q, k and v (v transposed alone when ``v_transposed``) in one launch."""
     kv_plan = quant_plan(kv_offsets, block, k.shape[0])  # K and V share the layout, and Q in self-attention
     q_plan = kv_plan if q_offsets is kv_offsets else quant_plan(q_offsets, block, q.shape[0])
-    qd, qs, _, _ = _outputs(q, q_offsets, block, False, True)
-    kd, ks, _, _ = _outputs(k, kv_offsets, block, False, True)
-    vd, vs, vt, cols = _outputs(v, kv_offsets, block, v_transposed, False)
-    items = max(q_plan[2], kv_plan[2])
+    qd, qs, _ = _outputs(q, q_offsets, block, False, True)
+    kd, ks, _ = _outputs(k, kv_offsets, block, False, True)
+    vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, False)
+    items = max(q_plan.n_items, kv_plan.n_items)
     if items > 0:
         jagged_quant_qkv_kernel[(items * q.shape[1], 3)](
-            q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs, q_offsets, kv_offsets, q_plan[0], kv_plan[0],
-            q_plan[1], kv_plan[1], kv_offsets if cols is None else cols, q_plan[2], kv_plan[2],
-            0 if vt is None else vt.stride(0), V_TRANSPOSED=v_transposed, **_quant_meta(q, block),
+            q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs,
+            q_offsets, kv_offsets, q_plan.block_offsets, kv_plan.block_offsets, q_plan.work, kv_plan.work,
+            kv_plan.columns, q_plan.n_items, kv_plan.n_items, 0 if vt is None else vt.stride(0),
+            V_TRANSPOSED=v_transposed, **_quant_meta(q, block),
         )
-    vq, v_codes = _results(vd, vs, kv_plan[0], vt, cols)
-    return _results(qd, qs, q_plan[0], None, None)[0], _results(kd, ks, kv_plan[0], None, None)[0], vq, v_codes
+    vq, v_codes = _results(vd, vs, kv_plan, vt)
+    return _results(qd, qs, q_plan)[0], _results(kd, ks, kv_plan)[0], vq, v_codes
 
 
 def _descriptors(q: Tensor, k: Tensor, v_t: Tensor | None, enabled: bool) -> tuple:
@@ -252,5 +283,5 @@ def jagged_attention_fp8_triton(
     return out
 
 
-__all__ = ["TransposedCodes", "fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan",
-           "quantize_jagged_triton", "quantize_qkv", "transposed_offsets"]
+__all__ = ["QuantPlan", "TransposedCodes", "fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan",
+           "quant_plan_triton", "quantize_jagged_triton", "quantize_qkv"]

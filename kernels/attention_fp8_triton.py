@@ -369,3 +369,32 @@ def jagged_quant_qkv_kernel(
         if item < kv_items:
             _quant_block(V, VC, VT, SV, KO, KBO, KWORK, COLS, stride_t, item, h, H, HEAD_DIM, BLOCK_D, QUANT_BLOCK,
                          V_TRANSPOSED, not V_TRANSPOSED)
+
+
+@triton.jit
+def quant_plan_kernel(OFF, BLKOFF, COLS, WORK, num_rows, n_items, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+                      ROWS: tl.constexpr, LOG_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    """``attention_fp8_op.quant_plan`` in one program: each row's first scale block (``BLKOFF``, [B+1]) and
+    first transposed column (``COLS``, lengths rounded up to ``ALIGN``), and the (row, block) work list in row
+    order (row -1 past the last block)."""
+    r = tl.arange(0, ROWS)
+    ok = r < num_rows
+    lens = (tl.load(OFF + r + 1, mask=ok, other=0) - tl.load(OFF + r, mask=ok, other=0)).to(tl.int32)
+    tl.store(BLKOFF + 1 + r, tl.cumsum(tl.where(ok, (lens + BLOCK - 1) // BLOCK, 0), 0), mask=ok)
+    tl.store(COLS + 1 + r, tl.cumsum(tl.where(ok, (lens + ALIGN - 1) // ALIGN * ALIGN, 0), 0), mask=ok)
+    tl.store(BLKOFF + r, 0, mask=r == 0)
+    tl.store(COLS + r, 0, mask=r == 0)
+    tl.debug_barrier()  # the sums written above are read back by other threads of this program
+    for start in range(0, n_items, CHUNK):
+        t = start + tl.arange(0, CHUNK)
+        # pos = number of rows whose blocks all come before entry t: the row that owns entry t.
+        pos = tl.zeros([CHUNK], dtype=tl.int32)
+        for s in tl.static_range(LOG_ROWS + 1):
+            probe = pos + (ROWS >> s)
+            val = tl.load(BLKOFF + probe, mask=probe <= num_rows, other=1 << 30)
+            pos = tl.where(val <= t, probe, pos)
+        valid = pos < num_rows
+        block = t - tl.load(BLKOFF + tl.minimum(pos, num_rows))
+        in_list = t < n_items
+        tl.store(WORK + 2 * t, tl.where(valid, pos, -1), mask=in_list)
+        tl.store(WORK + 2 * t + 1, tl.where(valid, block, 0), mask=in_list)

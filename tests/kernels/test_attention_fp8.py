@@ -108,6 +108,23 @@ def test_triton_quantizer_is_bit_identical(dtype):
         assert torch.equal(rows_off.scale[:nb].view(torch.int32), got.scale[:nb].view(torch.int32))
 
 
+@pytest.mark.parametrize("block", [64, 128])
+def test_quant_plan_kernel_matches_its_reference(block):
+    # The one-launch plan (interpreter) against the torch ops that define it: rows of 0, 1, < block, exact
+    # multiples of block and the max; each block of each row listed once, then row -1.
+    from kernels.attention_fp8_op import quant_plan, quant_plan_triton
+
+    lens = [0, 1, 70, 128, 129, 0, 256, 17]
+    off = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    want = quant_plan(off, block, sum(lens))
+    got = quant_plan_triton(off, block, want.n_items)
+    for name in ("block_offsets", "columns", "work"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    listed = [tuple(x) for x in want.work.tolist() if x[0] >= 0]
+    assert listed == [(b, c) for b, n in enumerate(lens) for c in range(math.ceil(n / block))]
+    assert want.columns.tolist() == [0, *torch.tensor([math.ceil(n / 16) * 16 for n in lens]).cumsum(0).tolist()]
+
+
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("v_t", [False, True])
 def test_one_launch_for_q_k_v_matches_three(cross, v_t):

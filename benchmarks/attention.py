@@ -376,11 +376,10 @@ FP8_REL_BOUND = 0.08  # relative L2 error of the FP8 output against float64 (tes
 def fp8(name: str = "A") -> list[str]:
     """Issue 8: FP8 forward (``precision="fp8"``) vs our bf16 forward on one batch (target >= 1.3x on A).
 
-    Columns: the bf16 kernel; the whole FP8 call (K/V quantize launch + kernel); the FP8 kernel alone on
-    pre-quantized K and V (it quantizes Q itself); the quantize launch alone (wall and GPU time). Correctness
-    first, on the same inputs: relative L2 error of the FP8 and the bf16 outputs against a float64 reference
-    (``jagged_attention_ref`` in float64), and of the FP8 kernel against its emulation
-    (``jagged_attention_fp8_ref``: same quantized operands, fp32).
+    Columns: the bf16 kernel; the whole FP8 call (three quantize passes + kernel); the FP8 kernel alone on
+    pre-quantized inputs; the quantize passes alone. Correctness first, on the same inputs: relative L2 error
+    of the FP8 and the bf16 outputs against a float64 reference (``jagged_attention_ref`` in float64), and
+    of the FP8 kernel against its emulation (``jagged_attention_fp8_ref``: same quantized operands, fp32).
     ``ok``: the FP8 error is within ``FP8_REL_BOUND``.
     """
     from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
@@ -441,20 +440,20 @@ def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tenso
     errors against a float64 reference; with ``emulation`` an eighth item: the FP8 output against its fp32
     emulation. "quantize GPU ms": the quantize launch's kernel time alone (profiler), without host time."""
     from kernels.attention_fp8 import jagged_attention_fp8, jagged_attention_fp8_ref
-    from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_kv
+    from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_qkv
     from kernels.attention_op import _len_key
     from kernels.attention_ref import jagged_attention_ref
 
-    def quant():  # as the op does it: one launch for k and v (the kernel quantizes q)
-        return quantize_kv(k, v, offs, qb, v_t)
+    def quant():  # as the op does it: one launch for q, k and v
+        return quantize_qkv(q, k, v, qo, offs, qb, v_t)
 
-    kq, vq, vt = quant()
+    qq, kq, vq, vt = quant()
     bias, act = kw.get("bias"), kw.get("activation", "softmax")
     tables = (bias.pos_weight, bias.time_weight, bias.q_timestamps, bias.kv_timestamps) if bias else (None,) * 4
     len_key = _len_key(qo, q, k, kw["max_q_len"], kw["max_kv_len"])
 
     def kern():
-        return fp8_fwd_quantized(q, k, kq, vq, vt, qo, offs, None, *tables, act, kw.get("causal", False),
+        return fp8_fwd_quantized(q, k, qq, kq, vq, vt, qo, offs, None, *tables, act, kw.get("causal", False),
                                  1.0 / math.sqrt(q.shape[-1]), 0, -1, 0, len_key, kw["max_q_len"], qb)
 
     bf = lambda: jagged_attention(q, k, v, qo, offs, **kw)

@@ -2,17 +2,13 @@
 
 Recipe (arithmetic of the Triton kernel ``kernels.attention_fp8_triton`` and of the reference here):
 
-* K, V: e4m3 with one fp32 power-of-two scale per (block of ``quant_block`` consecutive tokens of a
+* Q, K, V: e4m3 with one fp32 power-of-two scale per (block of ``quant_block`` consecutive tokens of a
   jagged row, head); blocks start at each row's first token (the last block of a row may be short).
-  Q: one scale per (token, head) (``quantize_tokens``; a factor of its score row, so the kernel quantizes Q
-  itself at no extra pass over memory).
   The scale is ``2**ceil(log2(amax / 448))`` (``kernels.mx`` Hopper rule: nothing saturates, and
-  dividing by a power of two is exact), its exponent clamped to [-63, 63]. For V the blocks run along the
-  reduction dimension of PV.
+  dividing by a power of two is exact), its exponent clamped to [-63, 63]. For V the blocks run along the reduction dimension of PV.
 * softmax: the probabilities P (in [0, 1], relative to the running row max of the online softmax) are
   computed as ``P * 256 = exp2(s - (m - 8))`` and stored as e4m3 before the PV product (a fixed scale, as
-  FA3's FP8 path); the row sum adds the unquantized ``P * 256``, so the scale cancels in ``acc / l``.
-  silu/gelu: P gets one power-of-two scale per (query, KV tile).
+  FA3's FP8 path); the row sum adds the unquantized ``P * 256``, so the scale cancels in ``acc / l``. silu/gelu: P gets one power-of-two scale per (query, KV tile).
 * Accumulation in fp32; the output has the input dtype. Semantics (masks, bias, activations): those of
   ``kernels.attention_spec``.
 
@@ -115,23 +111,6 @@ def _fake_quant(x: Tensor, offsets: Tensor, block: int) -> Tensor:
     return x.float() + (xq - x.float()).detach()
 
 
-def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
-    """e4m3 codes with one power-of-two scale per (token, head) (the rule of ``quantize_jagged``): the
-    kernel's quantization of Q. (codes ``[ΣL, H, D]``, scales ``[ΣL, H]``)."""
-    xf = x.float()
-    amax_bits = xf.abs().amax(-1).view(torch.int32) & 0x7FFFFFFF
-    inv, sbits, bad = _input_scale_bits(amax_bits)
-    data = (xf * _f32_from_bits(inv)[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    data = data.view(torch.uint8).masked_fill(bad[..., None], _NAN_CODE).view(torch.float8_e4m3fn)
-    return data, _f32_from_bits(sbits)
-
-
-def _fake_quant_tokens(x: Tensor) -> Tensor:
-    """``quantize_tokens`` -> dequantize in fp32, with a straight-through gradient."""
-    data, scale = quantize_tokens(x.detach())
-    return x.float() + (data.float() * scale[..., None] - x.float()).detach()
-
-
 def _quant_p(p: Tensor, softmax: bool) -> Tensor:
     """The kernel's P quantization (softmax: ``p`` already multiplied by ``P_SCALE``; per-row power of two
     otherwise), STE."""
@@ -155,8 +134,8 @@ def jagged_attention_fp8_ref(
 ) -> Tensor:
     """PyTorch reference of FP8 jagged attention (see the module docstring); output in ``q.dtype``."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    qd = _fake_quant_tokens(q)
-    kd, vd = (_fake_quant(t, kv_offsets, quant_block) for t in (k, v))
+    qd, kd, vd = (_fake_quant(t, off, quant_block) for t, off in ((q, q_offsets), (k, kv_offsets),
+                                                                   (v, kv_offsets)))
     if not quantize_p:
         out = jagged_attention_ref(qd, kd, vd, q_offsets, kv_offsets, activation=activation, causal=causal,
                                    scale=scale, bias=bias, block_size=block_size, window=window,
@@ -283,5 +262,4 @@ def jagged_attention_fp8(
     )
 
 
-__all__ = ["Fp8Jagged", "dequantize_jagged", "jagged_attention_fp8", "jagged_attention_fp8_ref", "quantize_jagged",
-           "quantize_tokens"]
+__all__ = ["Fp8Jagged", "dequantize_jagged", "jagged_attention_fp8", "jagged_attention_fp8_ref", "quantize_jagged"]

@@ -1,7 +1,7 @@
 """FP8 jagged attention as a ``torch.library`` custom op (``gemtrain::jagged_attn_fp8_fwd``).
 
-The op quantizes k and v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for both)
-and runs the FP8 forward kernel, which quantizes q itself (one scale per query and head).
+The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for the
+three) and runs the FP8 forward kernel.
 Its autograd backward is the bf16 path's ``gemtrain::jagged_attn_bwd`` on the unquantized q, k, v with the
 FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``).
 """
@@ -19,7 +19,7 @@ from kernels.attention_fp8 import Fp8Jagged
 from kernels.attention_fp8_triton import (
     jagged_attn_fp8_fwd_kernel,
     jagged_quant_kernel,
-    jagged_quant_kv_kernel,
+    jagged_quant_qkv_kernel,
     quant_plan_kernel,
 )
 from kernels.attention_op import (
@@ -144,24 +144,28 @@ def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: b
     return _results(data, scale, plan, data_t)
 
 
-def quantize_kv(k: Tensor, v: Tensor, offsets: Tensor, block: int, v_transposed: bool
-                ) -> tuple[Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
-    """``quantize_jagged_triton`` of k and v (v transposed alone when ``v_transposed``) in one launch."""
-    plan = quant_plan(offsets, block, k.shape[0])
-    kd, ks, _ = _outputs(k, offsets, block, False, True)
-    vd, vs, vt = _outputs(v, offsets, block, v_transposed, False)
-    if plan.n_items > 0:
-        jagged_quant_kv_kernel[(plan.n_items * k.shape[1], 2)](
-            k.contiguous(), v.contiguous(), kd, vd, vd if vt is None else vt, ks, vs, offsets, plan.block_offsets,
-            plan.work, plan.columns, 0 if vt is None else vt.stride(0), V_TRANSPOSED=v_transposed,
-            **_quant_meta(k, block),
+def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
+                 v_transposed: bool) -> tuple[Fp8Jagged, Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
+    """``quantize_jagged_triton`` of q, k and v (v transposed alone when ``v_transposed``) in one launch."""
+    kv_plan = quant_plan(kv_offsets, block, k.shape[0])  # K and V share the layout, and Q in self-attention
+    q_plan = kv_plan if q_offsets is kv_offsets else quant_plan(q_offsets, block, q.shape[0])
+    qd, qs, _ = _outputs(q, q_offsets, block, False, True)
+    kd, ks, _ = _outputs(k, kv_offsets, block, False, True)
+    vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, False)
+    items = max(q_plan.n_items, kv_plan.n_items)
+    if items > 0:
+        jagged_quant_qkv_kernel[(items * q.shape[1], 3)](
+            q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs,
+            q_offsets, kv_offsets, q_plan.block_offsets, kv_plan.block_offsets, q_plan.work, kv_plan.work,
+            kv_plan.columns, q_plan.n_items, kv_plan.n_items, 0 if vt is None else vt.stride(0),
+            V_TRANSPOSED=v_transposed, **_quant_meta(q, block),
         )
-    vq, v_codes = _results(vd, vs, plan, vt)
-    return _results(kd, ks, plan)[0], vq, v_codes
+    vq, v_codes = _results(vd, vs, kv_plan, vt)
+    return _results(qd, qs, q_plan)[0], _results(kd, ks, kv_plan)[0], vq, v_codes
 
 
 def _descriptors(q: Tensor, k: Tensor, v_t: Tensor | None, enabled: bool) -> tuple:
-    """Tensor descriptors of Q (its input dtype) and the K codes (``[tokens, H*D]``) and of the transposed V codes
+    """Tensor descriptors of the Q and K codes (``[tokens, H*D]``) and of the transposed V codes
     (``TransposedCodes.data``); block shapes are set per configuration (``descriptor_hook``). The tensors
     themselves when descriptors are off."""
     if not enabled:
@@ -173,14 +177,14 @@ def _descriptors(q: Tensor, k: Tensor, v_t: Tensor | None, enabled: bool) -> tup
 
 
 def fp8_fwd_quantized(
-    q: Tensor, k: Tensor, kq: Fp8Jagged, vq: Fp8Jagged, vt: TransposedCodes | None,
+    q: Tensor, k: Tensor, qq: Fp8Jagged, kq: Fp8Jagged, vq: Fp8Jagged, vt: TransposedCodes | None,
     q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
     q_len_hint: int, quant_block: int,
 ) -> tuple[Tensor, Tensor]:
-    """The FP8 forward kernel on already-quantized K and V (``k``: its shape only; ``q`` is quantized in the
-    kernel). ``vt``: the transposed V codes (read instead of ``vq.data`` when given)."""
+    """The FP8 forward kernel on already-quantized inputs (``q``/``k``: shapes and output dtype only).
+    ``vt``: the transposed V codes (read instead of ``vq.data`` when given)."""
     v_t = None if vt is None else vt.data
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
@@ -190,12 +194,13 @@ def fp8_fwd_quantized(
     meta.pop("PREC")
     d = q.shape[-1]
     keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
-    tma = v_t is not None and use_tma([q, kq.data, v_t], d, plan["block_d"],
+    tma = v_t is not None and use_tma([qq.data, kq.data, v_t], d, plan["block_d"],
                                       descriptors_pay(q.shape[0], keys, q.shape[1], d))
     meta["USE_TMA"] = tma
     launch(jagged_attn_fp8_fwd_kernel, (n_items * q.shape[1],), (
-        q, kq.data, vq.data if v_t is None else v_t, *_descriptors(q, kq.data, v_t, tma),
-        kq.scale, vq.scale, kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
+        qq.data, kq.data, vq.data if v_t is None else v_t, *_descriptors(qq.data, kq.data, v_t, tma),
+        qq.scale, kq.scale, vq.scale, qq.block_offsets,
+        kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), kv_offsets if vt is None else vt.offsets, scale, float(max(norm, 1)),
         max(window, 0), len_key, 0 if v_t is None else v_t.stride(0),
@@ -215,8 +220,8 @@ def jagged_attn_fp8_fwd(
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
-    kq, vq, v_t = quantize_kv(k, v, kv_offsets, quant_block, v_transposed)
-    return fp8_fwd_quantized(q, k, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+    qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed)
+    return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
                              q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
                              len_key, q_len_hint, quant_block)
 
@@ -279,4 +284,4 @@ def jagged_attention_fp8_triton(
 
 
 __all__ = ["QuantPlan", "TransposedCodes", "fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan",
-           "quant_plan_triton", "quantize_jagged_triton", "quantize_kv"]
+           "quant_plan_triton", "quantize_jagged_triton", "quantize_qkv"]

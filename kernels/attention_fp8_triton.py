@@ -3,11 +3,10 @@
 Same structure, masks and bias as ``kernels.attention_triton_fwd`` (work list, whole tiles below the causal
 diagonal without masks, tiles streamed through tensor descriptors on Hopper); the differences:
 
-* K and V arrive as e4m3 with one fp32 power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head)
+* Q, K, V arrive as e4m3 with one fp32 power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head)
   (``kernels.attention_fp8.quantize_jagged``). Blocks start at each jagged row's first token. The KV loop
   starts at a multiple of ``BLOCK_N`` inside the row and ``BLOCK_N`` divides ``QUANT_BLOCK``, so each KV
-  tile has one K scale and one V scale (the extra keys before the visible range are masked). Q arrives in
-  its input dtype and is quantized here, one power-of-two scale per (query, head) (same rule). The Q scale
+  tile has one K scale and one V scale (the extra keys before the visible range are masked). The Q scale
   (per query) and the K scale (per tile) multiply the fp32 score tile.
 * V is read from a transposed copy (``V_TRANSPOSED``, ``attention_fp8_op.TransposedCodes``: ``[H * D, columns]``,
   each row's tokens from column ``VTO[row]``), so the PV product's second operand is contiguous along its
@@ -207,7 +206,7 @@ def _fp8_tile(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_fp8_fwd_kernel(
-    Q, K, V, QD, KD, VD, SK, SV, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS, VTO,
+    Q, K, V, QD, KD, VD, SQ, SK, SV, QBO, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS, VTO,
     scale, norm_const, window, LEN_KEY, stride_vt,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -227,6 +226,7 @@ def jagged_attn_fp8_fwd_kernel(
     q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
     kv_start = tl.load(KO + row).to(tl.int64)
     kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    qb0 = tl.load(QBO + row).to(tl.int64)  # first scale block of this row
     kb0 = tl.load(KBO + row).to(tl.int64)
     vt_start = kv_start  # where this row's V codes start: a token, or a column of the transposed codes
     if V_TRANSPOSED:
@@ -244,14 +244,9 @@ def jagged_attn_fp8_fwd_kernel(
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
 
     q_ptrs = Q + (q_start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-    # Q in its input dtype, quantized here with one power-of-two scale per query (and head): a factor of its
-    # score row, so it costs no pass over memory.
-    qx = stream_tile(QD, q_ptrs, q_start + mblk * BLOCK_M, h * HEAD_DIM, m_ok, d_ok, True, EVEN_D, USE_TMA)
-    qx = qx.to(tl.float32)
-    inv_q, sq_bits, _ = input_scale(tl.max(qx.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1))
-    q = _to_e4m3(tl.minimum(tl.maximum(qx * inv_q.to(tl.float32, bitcast=True)[:, None], -448.0), 448.0))
+    q = stream_tile(QD, q_ptrs, q_start + mblk * BLOCK_M, h * HEAD_DIM, m_ok, d_ok, True, EVEN_D, USE_TMA)
     # 1.0 past the row: those queries stay finite (never stored) and keep the scaled-max shortcut valid.
-    sq = tl.where(m_ok, sq_bits.to(tl.float32, bitcast=True), 1.0)
+    sq = tl.load(SQ + (qb0 + offs_m // QUANT_BLOCK) * H + h, mask=m_ok, other=1.0)
     ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
     tq_min = 0
     tq_max = 0
@@ -351,20 +346,29 @@ def jagged_quant_kernel(
 
 
 @triton.jit
-def jagged_quant_kv_kernel(
-    K, V, KC, VC, VT, SK, SV, KO, KBO, WORK, COLS, stride_t,
+def jagged_quant_qkv_kernel(
+    Q, K, V, QC, KC, VC, VT, SQ, SK, SV, QO, KO, QBO, KBO, QWORK, KWORK, COLS, q_items, kv_items, stride_t,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_BLOCK: tl.constexpr,
     V_TRANSPOSED: tl.constexpr,
 ):
-    """K and V (one layout) in one launch: grid axis 1 picks the tensor, so the launch's host time is paid once.
-    V's codes go to the transposed copy alone when ``V_TRANSPOSED``."""
+    """Q, K and V in one launch (grid axis 1 picks the tensor; K and V share a layout): the launch's host time
+    is paid once. V's codes go to the transposed copy alone when ``V_TRANSPOSED``."""
     pid = tl.program_id(0)
-    if tl.program_id(1) == 0:
-        _quant_block(K, KC, KC, SK, KO, KBO, WORK, COLS, stride_t, pid // H, pid % H, H, HEAD_DIM, BLOCK_D,
-                     QUANT_BLOCK, False, True)
+    which = tl.program_id(1)
+    item = pid // H
+    h = pid % H
+    if which == 0:
+        if item < q_items:
+            _quant_block(Q, QC, QC, SQ, QO, QBO, QWORK, COLS, stride_t, item, h, H, HEAD_DIM, BLOCK_D, QUANT_BLOCK,
+                         False, True)
+    elif which == 1:
+        if item < kv_items:
+            _quant_block(K, KC, KC, SK, KO, KBO, KWORK, COLS, stride_t, item, h, H, HEAD_DIM, BLOCK_D, QUANT_BLOCK,
+                         False, True)
     else:
-        _quant_block(V, VC, VT, SV, KO, KBO, WORK, COLS, stride_t, pid // H, pid % H, H, HEAD_DIM, BLOCK_D,
-                     QUANT_BLOCK, V_TRANSPOSED, not V_TRANSPOSED)
+        if item < kv_items:
+            _quant_block(V, VC, VT, SV, KO, KBO, KWORK, COLS, stride_t, item, h, H, HEAD_DIM, BLOCK_D, QUANT_BLOCK,
+                         V_TRANSPOSED, not V_TRANSPOSED)
 
 
 @triton.jit

@@ -125,44 +125,25 @@ def test_quant_plan_kernel_matches_its_reference(block):
     assert want.columns.tolist() == [0, *torch.tensor([math.ceil(n / 16) * 16 for n in lens]).cumsum(0).tolist()]
 
 
+@pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("v_t", [False, True])
-def test_one_launch_for_k_and_v_matches_two(v_t):
-    from kernels.attention_fp8_op import quantize_jagged_triton, quantize_kv
+def test_one_launch_for_q_k_v_matches_three(cross, v_t):
+    from kernels.attention_fp8_op import quantize_jagged_triton, quantize_qkv
 
-    p = make_problem(6, [70, 0, 5, 129], [70, 0, 5, 129], dim=32)
-    k, v = p.k.float(), p.v.float()
-    kq, vq, vt = quantize_kv(k, v, p.kv_offsets, 64, v_t)
-    want_k, _ = quantize_jagged_triton(k, p.kv_offsets, 64)
-    want_v, want_t = quantize_jagged_triton(v, p.kv_offsets, 64, transposed=v_t, row_major=not v_t)
-    for a, b in ((kq, want_k), (vq, want_v)):
+    p = make_problem(6, [3, 20, 0, 1] if cross else [70, 0, 5, 129], [70, 0, 5, 129], dim=32)
+    x = [t.float() for t in (p.q, p.k, p.v)]
+    got = quantize_qkv(*x, p.q_offsets, p.kv_offsets, 64, v_t)
+    want = [quantize_jagged_triton(x[0], p.q_offsets, 64)[0], quantize_jagged_triton(x[1], p.kv_offsets, 64)[0]]
+    v_codes, v_tr = quantize_jagged_triton(x[2], p.kv_offsets, 64, transposed=v_t, row_major=not v_t)
+    for a, b in zip(got[:3], [*want, v_codes], strict=True):
         nb = int(b.block_offsets[-1])
         assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
         assert torch.equal(a.scale[:nb], b.scale[:nb]) and torch.equal(a.block_offsets, b.block_offsets)
-    assert (vt is None) == (not v_t)
+    assert (got[3] is None) == (not v_t)
     if v_t:
-        assert torch.equal(vt.offsets, want_t.offsets)
-        used = int(want_t.offsets[-1])
-        assert torch.equal(vt.data.view(torch.uint8)[:, :used], want_t.data.view(torch.uint8)[:, :used])
-
-
-def test_queries_are_quantized_one_by_one():
-    # Q takes one scale per (query, head), in the kernel: a query 2^20 times larger leaves every other
-    # query's output bit-identical, and its own scale is its own.
-    from kernels.attention_fp8 import quantize_tokens
-
-    p = make_problem(12, [40, 25], [40, 25], bias=False)
-    q, k, v = p.q.float(), p.k.float(), p.v.float()
-    big = q.clone()
-    big[7] *= 2.0**20
-    args = (p.q_offsets, p.kv_offsets)
-    out = jagged_attention_fp8(q, k, v, *args, impl="triton", causal=True, quant_block=64)
-    out_big = jagged_attention_fp8(big, k, v, *args, impl="triton", causal=True, quant_block=64)
-    others = torch.ones(q.shape[0], dtype=torch.bool)
-    others[7] = False
-    assert torch.equal(out[others], out_big[others]) and not torch.equal(out[7], out_big[7])
-    _, scale = quantize_tokens(big)
-    _, scale_small = quantize_tokens(q)
-    assert torch.equal(scale[7], scale_small[7] * 2.0**20) and torch.equal(scale[others], scale_small[others])
+        assert torch.equal(got[3].offsets, v_tr.offsets)
+        used = int(v_tr.offsets[-1])
+        assert torch.equal(got[3].data.view(torch.uint8)[:, :used], v_tr.data.view(torch.uint8)[:, :used])
 
 
 CASES = [

@@ -43,6 +43,7 @@ from kernels.attention_triton_common import (
     unmasked_kv_end,
     visible,
 )
+from kernels.attention_worklist import owner
 from kernels.mx_triton import HW_CVT, _encode_e4m3, _scale_from_amax
 
 P_SCALE: tl.constexpr = tl.constexpr(256.0)  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
@@ -387,12 +388,7 @@ def quant_plan_kernel(OFF, BLKOFF, COLS, WORK, num_rows, n_items, BLOCK: tl.cons
     tl.debug_barrier()  # the sums written above are read back by other threads of this program
     for start in range(0, n_items, CHUNK):
         t = start + tl.arange(0, CHUNK)
-        # pos = number of rows whose blocks all come before entry t: the row that owns entry t.
-        pos = tl.zeros([CHUNK], dtype=tl.int32)
-        for s in tl.static_range(LOG_ROWS + 1):
-            probe = pos + (ROWS >> s)
-            val = tl.load(BLKOFF + probe, mask=probe <= num_rows, other=1 << 30)
-            pos = tl.where(val <= t, probe, pos)
+        pos = owner(BLKOFF + 1, t, num_rows, 1 << 30, ROWS, LOG_ROWS)  # the row that owns entry t
         valid = pos < num_rows
         block = t - tl.load(BLKOFF + tl.minimum(pos, num_rows))
         in_list = t < n_items

@@ -24,6 +24,19 @@ def fits(num_rows: int, tokens: int) -> bool:
 
 
 @triton.jit
+def owner(SUMS, t, n, BIG: tl.constexpr, ROWS: tl.constexpr, LOG_ROWS: tl.constexpr):
+    """For each list entry ``t``: the number of rows whose running count ``SUMS[i]`` (inclusive, ``i < n``) is
+    <= t, which is the row that owns entry t. Binary search; ``ROWS`` is a power of two >= ``n``, ``BIG`` exceeds
+    every count."""
+    pos = tl.zeros(t.shape, dtype=tl.int32)
+    for s in tl.static_range(LOG_ROWS + 1):
+        probe = pos + (ROWS >> s)
+        val = tl.load(SUMS + probe - 1, mask=probe <= n, other=BIG)
+        pos = tl.where(val <= t, probe, pos)
+    return pos
+
+
+@triton.jit
 def _work_list_kernel(TILE_OFF, OTHER_OFF, SCRATCH, WORK, num_rows, n_items,
                       BLOCK: tl.constexpr, ROWS: tl.constexpr, LOG_ROWS: tl.constexpr, CHUNK: tl.constexpr,
                       FIELD: tl.constexpr):
@@ -48,12 +61,7 @@ def _work_list_kernel(TILE_OFF, OTHER_OFF, SCRATCH, WORK, num_rows, n_items,
     tl.debug_barrier()  # the sums written above are read back by other threads of this program
     for start in range(0, n_items, CHUNK):
         t = start + tl.arange(0, CHUNK)
-        # pos = number of rows whose running tile sum is <= t: the sorted row that owns entry t.
-        pos = tl.zeros([CHUNK], dtype=tl.int32)
-        for s in tl.static_range(LOG_ROWS + 1):
-            probe = pos + (ROWS >> s)
-            val = tl.load(SCRATCH + probe - 1, mask=probe <= ROWS, other=1 << 62)
-            pos = tl.where(val <= t, probe, pos)
+        pos = owner(SCRATCH, t, ROWS, 1 << 62, ROWS, LOG_ROWS)  # the sorted row that owns entry t
         valid = pos < num_rows
         at = tl.minimum(pos, ROWS - 1)
         own = tl.load(SCRATCH + 2 * ROWS + at)

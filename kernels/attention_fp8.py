@@ -38,9 +38,11 @@ Tensor = torch.Tensor
 
 QUANT_BLOCKS = (64, 128)
 DEFAULT_QUANT_BLOCK = 128
-P_SCALE = 256.0  # keep equal to kernels.attention_fp8_triton.P_SCALE
-LOG2_P_SCALE = 8.0
-SCALE_EXP_LIMIT = 63  # keep equal to kernels.attention_fp8_triton.SCALE_EXP_LIMIT
+# The Triton kernels take these two from here (``kernels.attention_fp8_triton``).
+P_SCALE = 256.0  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
+LOG2_P_SCALE = math.log2(P_SCALE)
+# Input scale exponents are clamped to [-63, 63], so the ratio of two scales is a normal fp32 number.
+SCALE_EXP_LIMIT = 63
 LOG2E = 1.4426950408889634
 PRECISIONS = ("bf16", "fp8")
 

@@ -34,7 +34,7 @@ from kernels.attention_op import (
     work_list,
 )
 from kernels.attention_spec import RelativeBias
-from kernels.attention_triton_common import INTERPRET, launch, use_tma
+from kernels.attention_triton_common import INTERPRET, descriptor, launch, use_tma
 from kernels.attention_worklist import fits
 
 Tensor = torch.Tensor
@@ -127,7 +127,7 @@ def _quant_meta(x: Tensor, block: int) -> dict:
 
 
 def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: bool = False,
-                           plan: tuple[Tensor, Tensor, int] | None = None,
+                           plan: QuantPlan | None = None,
                            row_major: bool = True) -> tuple[Fp8Jagged, TransposedCodes | None]:
     """Triton twin of ``quantize_jagged`` (bit-identical), one read of ``x``; with ``transposed`` also the
     ``TransposedCodes`` that the attention kernel reads V from.
@@ -148,7 +148,8 @@ def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets:
                  v_transposed: bool) -> tuple[Fp8Jagged, Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
     """``quantize_jagged_triton`` of q, k and v (v transposed alone when ``v_transposed``) in one launch."""
     kv_plan = quant_plan(kv_offsets, block, k.shape[0])  # K and V share the layout, and Q in self-attention
-    q_plan = kv_plan if q_offsets is kv_offsets else quant_plan(q_offsets, block, q.shape[0])
+    self_attn = q_offsets.data_ptr() == kv_offsets.data_ptr() and q.shape[0] == k.shape[0]
+    q_plan = kv_plan if self_attn else quant_plan(q_offsets, block, q.shape[0])
     qd, qs, _ = _outputs(q, q_offsets, block, False, True)
     kd, ks, _ = _outputs(k, kv_offsets, block, False, True)
     vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, False)
@@ -170,10 +171,8 @@ def _descriptors(q: Tensor, k: Tensor, v_t: Tensor | None, enabled: bool) -> tup
     themselves when descriptors are off."""
     if not enabled:
         return q, k, k if v_t is None else v_t
-    _, heads, dim = q.shape
-    flat = lambda t: TensorDescriptor(t, [t.shape[0], heads * dim], [heads * dim, 1], [16, dim])
-    vt = TensorDescriptor(v_t, list(v_t.shape), [v_t.stride(0), 1], [dim, 16])
-    return flat(q), flat(k), vt
+    vt = TensorDescriptor(v_t, list(v_t.shape), [v_t.stride(0), 1], [q.shape[-1], 16])
+    return descriptor(q, True), descriptor(k, True), vt
 
 
 def fp8_fwd_quantized(

@@ -11,8 +11,8 @@ diagonal without masks, tiles streamed through tensor descriptors on Hopper); th
 * V is read from a transposed copy (``V_TRANSPOSED``, ``attention_fp8_op.TransposedCodes``: ``[H * D, columns]``,
   each row's tokens from column ``VTO[row]``), so the PV product's second operand is contiguous along its
   reduction dim, as Hopper's FP8 tensor-core instructions read it from shared memory.
-* softmax: P = exp2(s - m + log2(P_SCALE)) lies in [0, P_SCALE]; it is stored as e4m3 (a fixed power of two,
-  FA3's FP8 recipe, folded into the subtracted row max at no cost). The row sum ``l`` adds the unquantized
+* softmax: P = exp2(s - m + log2(P_SCALE)) lies in [0, P_SCALE] (``kernels.attention_fp8.P_SCALE``); it is
+  stored as e4m3 (a fixed power of two, FA3's FP8 recipe, folded into the subtracted row max at no cost). The row sum ``l`` adds the unquantized
   fp32 P, in the same units, so the output is ``acc / l``. The accumulator is kept in units of the current
   tile's V scale (rescaled by the ratio of consecutive power-of-two scales together with the online-softmax
   rescale, which is exact), so each PV product accumulates in place on the tensor cores.
@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import attention_fp8 as fp8_recipe  # the recipe's constants
 from kernels.attention_triton_bias import TABLE_PADS, add_bias_span, min_max, tile_spans
 from kernels.attention_triton_common import (
     AUTOTUNE,
@@ -46,10 +47,8 @@ from kernels.attention_triton_common import (
 from kernels.attention_worklist import owner
 from kernels.mx_triton import HW_CVT, _encode_e4m3, _scale_from_amax
 
-P_SCALE: tl.constexpr = tl.constexpr(256.0)  # softmax P in [0, 1] -> [0, 256]: keeps e4m3's 3 mantissa bits down to P = 2^-14
-LOG2_P_SCALE: tl.constexpr = tl.constexpr(8.0)
-# Input scale exponents are clamped to [-63, 63], so the ratio of two scales is a normal fp32 number.
-SCALE_EXP_LIMIT: tl.constexpr = tl.constexpr(63)
+LOG2_P_SCALE: tl.constexpr = tl.constexpr(fp8_recipe.LOG2_P_SCALE)
+SCALE_EXP_LIMIT: tl.constexpr = tl.constexpr(fp8_recipe.SCALE_EXP_LIMIT)
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 

@@ -479,12 +479,19 @@ def _fp8_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Tenso
     return (*times, gpu_ms(quant), *errs)
 
 
+SECTIONS = ("check", "bench", "fp8", "--fp8", "local", "blockcheck", "blocksweep", "windowcheck", "windowtune")
+
+
 def main(argv: list[str]) -> None:
     global BENCH_CALLS
+    what = argv[1] if len(argv) > 1 else "bench"
+    if what not in SECTIONS:  # --help, or a typo: the usage
+        sys.exit(__doc__)
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/attention.py times the kernels on the GPU: run it on a CUDA machine")
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     out: list[str] = []
-    what = argv[1] if len(argv) > 1 else "bench"
     if what == "check":  # check [SHARD SHARDS] [match=A,B|C]
         match = next((a[6:] for a in argv[2:] if a.startswith("match=")), None)
         out = check(*(int(a) for a in argv[2:4] if not a.startswith("match=")), match=match)

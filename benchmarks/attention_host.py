@@ -8,6 +8,11 @@
     python benchmarks/attention_host.py fwdconfigs     # forward configurations on batch A, non-causal and causal
     python benchmarks/attention_host.py fusedfull A    # full attention through the window op's fused backward
     python benchmarks/attention_host.py context B [unbound]  # descriptor launches on autograd's thread
+    python benchmarks/attention_host.py launchcheck B  # the direct launch path (kernels.triton_launch) against
+                                                       # fn[grid]: specializations, and attention bit for bit
+    python benchmarks/attention_host.py launchab B     # host us per call, direct launches on and off, alternating
+    python benchmarks/attention_host.py hostprofile B  # cProfile of forward+backward calls: host us per call
+                                                       # by function (self-attention and cross attention)
 
 Host time is the wall time of back-to-back calls before the final synchronize (the GPU keeps up, so it is the
 host's). GPU times are torch.profiler device times per call. Run with GEMTRAIN_ATTN_AUTOTUNE=0.
@@ -87,7 +92,20 @@ def pieces(name: str = "B") -> list[str]:
         with torch.no_grad():
             jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len)
 
+    class Identity(torch.autograd.Function):  # the autograd engine's own cost per forward+backward
+        forward = staticmethod(lambda ctx, x: x.view_as(x))
+        backward = staticmethod(lambda ctx, g: g)
+
+    def identity_fb():
+        qg.grad = None
+        Identity.apply(qg).backward(do)
+
+    def fwd_grad():
+        jagged_attention(qg, kg, vg, offs, offs, causal=True, max_kv_len=max_len)
+
     rows = {
+        "autograd floor: identity Function forward+backward": identity_fb,
+        "jagged_attention forward recorded for autograd (no backward)": fwd_grad,
         "work list (one launch)": lambda: aop.work_list(offs, offs, tile, T),
         "softmax delta pass": lambda: aop.softmax_delta(out, do, offs, work, tile),
         "generic forward op, through the dispatcher": lambda: torch.ops.gemtrain.jagged_attn_fwd(q, k, v, *gargs),
@@ -133,10 +151,17 @@ def launch(name: str = "B") -> list[str]:
     if plan["tma"]:
         for d in (kd, vd):
             d.block_shape = [extra["BLOCK_N"], meta["BLOCK_D"]]
-    bare = lambda: jagged_attn_fwd_kernel.fn.fn[grid](*args, **meta, **extra)
+    jit = jagged_attn_fwd_kernel.fn.fn
+    bare = lambda: jit[grid](*args, **meta, **extra)
+    compiled = jit.run(*args, grid=grid, warmup=False, **meta, **extra)
+    named = {**dict(zip(jit.arg_names, args)), **meta, **extra}
+    ordered = [named[n] for n in jit.arg_names]
+    runner = compiled[(*grid, 1, 1)[:3]]
+    direct = lambda: runner(*ordered)
     lines = [f"### One forward-kernel launch, batch {name} shapes (descriptors {plan['tma']})", "",
              "| launch | host us |", "|---|---|"]
-    for label, fn in (("through the autotuner and heuristics", autotuned), ("bare JIT function", bare)):
+    for label, fn in (("through the autotuner and heuristics", autotuned), ("bare JIT function", bare),
+                      ("compiled kernel, arguments in order", direct)):
         lines.append(f"| {label} | {per_call_us(fn):.1f} |")
         print(lines[-1], flush=True)
     return lines
@@ -250,7 +275,146 @@ def context(name: str = "B", bind: str = "bind") -> list[str]:
     return [f"| batch {name}, {bind} | first autograd backward with descriptors: {result} |"]
 
 
-SECTIONS = {"pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull,
+def hostprofile(name: str = "B", calls: str = "200") -> list[str]:
+    """Where a forward+backward's host time goes: cProfile over back-to-back ``jagged_attention`` calls
+    (causal self-attention, and cross attention of 16 queries per row), us per call by function."""
+    import cProfile
+    import pstats
+
+    offs, T, max_len, q, k, v, do = _batch(name, grad=True)
+    B = offs.numel() - 1
+    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
+    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
+    doc = torch.randn_like(qc)
+    cases = {
+        "causal self-attention": lambda: jagged_attention(q, k, v, offs, offs, causal=True,
+                                                          max_kv_len=max_len).backward(do),
+        "cross attention (Lq=16)": lambda: jagged_attention(qc, k, v, qo, offs, max_q_len=16,
+                                                            max_kv_len=max_len).backward(doc),
+    }
+    n = int(calls)
+    lines = []
+    for label, fn in cases.items():
+        wall = per_call_us(fn, n)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        stats = pstats.Stats(prof)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:40]  # by own time
+        lines += [f"### Host time of one forward+backward, batch {name}, {label}: {wall:.0f} us per call "
+                  f"(without the profiler)", "", "| function | calls per call | own us per call | with callees us |",
+                  "|---|---|---|---|"]
+        for (file, line, func), (_, ncalls, own, cum, _) in rows:
+            where = f"{Path(file).parent.name}/{Path(file).name}:{line} {func}" if line else func
+            lines.append(f"| {where} | {ncalls / n:.1f} | {own / n * 1e6:.1f} | {cum / n * 1e6:.1f} |")
+        print("\n".join(lines[-len(rows) - 4:]), flush=True)
+    return lines
+
+
+def launchcheck(name: str = "B") -> list[str]:
+    """``triton_launch.run`` on the GPU: a copy kernel launched with integers and pointers of every
+    specialization Triton distinguishes (1, multiples of 16, others; 16-byte aligned and not), each checked
+    against torch after the direct path took over; then forward+backward of the attention rows of batch
+    ``name`` three times (the first launches compile, the later ones launch directly): bit-identical."""
+    import triton
+    import triton.language as tl
+
+    from kernels import triton_launch
+
+    @triton.jit
+    def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + i, tl.load(src + i, mask=i < n) + 1.0, mask=i < n)
+
+    lines = [f"### Direct launches (kernels.triton_launch) on the GPU, batch {name}", "", "| check | result |",
+             "|---|---|"]
+    base = torch.randn(4096 + 8, device="cuda")
+    bad = []
+    for n in (1, 16, 17, 1024, 1000, 4095):
+        for offset in (0, 1, 4):  # 4 floats = 16 bytes: aligned; 1 float: not
+            for _ in range(3):  # the second and third launch take the direct path
+                src = base[offset:offset + n]
+                dst = torch.zeros(n + offset, device="cuda")[offset:]
+                triton_launch.run(copy_kernel, (triton.cdiv(n, 256),), src, dst, n, BLOCK=256)
+                if not torch.equal(dst, src + 1.0):
+                    bad.append((n, offset))
+    kernels = sum(1 for key in triton_launch._COMPILED if key[0] is copy_kernel)
+    lines.append(f"| copy kernel, n in (1, 16, 17, 1024, 1000, 4095) x pointer offsets (0, 1, 4 floats), 3 launches "
+                 f"each | {'ok' if not bad else f'WRONG at {bad}'} ({kernels} compiled specializations) |")
+    offs, T, max_len, q, k, v, do = _batch(name, grad=True)
+    B = offs.numel() - 1
+    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
+    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
+    doc = torch.randn_like(qc)
+    cases = {
+        "causal": (lambda: jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len), do, (q, k, v)),
+        "non-causal": (lambda: jagged_attention(q, k, v, offs, offs, max_kv_len=max_len), do, (q, k, v)),
+        "cross (Lq=16)": (lambda: jagged_attention(qc, k, v, qo, offs, max_q_len=16, max_kv_len=max_len), doc,
+                          (qc, k, v)),
+        "window W=256": (lambda: jagged_attention(q, k, v, offs, offs, causal=True, window=256), do, (q, k, v)),
+        "block-local S=64": (lambda: jagged_attention(q, k, v, offs, offs, causal=True, block_size=64), do, (q, k, v)),
+    }
+    for label, (fn, grad, inputs) in cases.items():
+        results = []
+        for _ in range(3):
+            for t in inputs:
+                t.grad = None
+            out = fn()
+            out.backward(grad)
+            results.append([out.detach().clone()] + [t.grad.clone() for t in inputs])
+        same = all(torch.equal(a, b) for later in results[1:] for a, b in zip(results[0], later))
+        lines.append(f"| {label}: output and gradients of 3 calls | {'bit-identical' if same else 'DIFFER'} |")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def launchab(name: str = "B", rounds: str = "8") -> list[str]:
+    """Host time per call with the direct launch path (``kernels.triton_launch``) on and off, alternating in one
+    process (the host's load moves single timings by 20-30%): medians over ``rounds`` rounds of 50 calls."""
+    import statistics
+
+    from kernels import triton_launch
+
+    offs, T, max_len, q, k, v, do = _batch(name, grad=True)
+    B = offs.numel() - 1
+    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
+    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
+    doc = torch.randn_like(qc)
+
+    def fb(inputs, grad, **kw):
+        for t in inputs:
+            t.grad = None
+        jagged_attention(inputs[0], k, v, kw.pop("qo", offs), offs, max_kv_len=max_len, **kw).backward(grad)
+
+    cases = {
+        "causal forward (no grad)": lambda: jagged_attention(q.detach(), k.detach(), v.detach(), offs, offs,
+                                                             causal=True, max_kv_len=max_len),
+        "causal forward+backward": lambda: fb((q, k, v), do, causal=True),
+        "cross (Lq=16) forward+backward": lambda: fb((qc, k, v), doc, qo=qo, max_q_len=16),
+        "window W=256 forward+backward": lambda: fb((q, k, v), do, causal=True, window=256),
+    }
+    lines = [f"### Host us per call, direct launches off / on, batch {name} ({rounds} alternating rounds of 50 calls)",
+             "", "| call | off (fn[grid]) | on (compiled kernel) | saved |", "|---|---|---|---|"]
+    saved = triton_launch.ENABLED
+    try:
+        for label, fn in cases.items():
+            times = {False: [], True: []}
+            for _ in range(int(rounds)):
+                for enabled in (False, True):
+                    triton_launch.ENABLED = enabled
+                    times[enabled].append(per_call_us(fn, 50))
+            off, on = statistics.median(times[False]), statistics.median(times[True])
+            lines.append(f"| {label} | {off:.0f} | {on:.0f} | {off - on:.0f} us ({1 - on / off:.0%}) |")
+            print(lines[-1], flush=True)
+    finally:
+        triton_launch.ENABLED = saved
+    return lines
+
+
+SECTIONS = {"launchab": launchab, "launchcheck": launchcheck, "hostprofile": hostprofile, "pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull,
             "context": context}
 
 if __name__ == "__main__":

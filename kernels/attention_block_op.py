@@ -17,6 +17,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
+from kernels import triton_launch
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
@@ -125,7 +126,7 @@ def block_attn_fwd(
     tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
     meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
                  FWD_CONFIG[config_key(q, block_size)])
-    block_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
+    triton_launch.run(block_attn_fwd_kernel, (work.shape[0] * q.shape[1],),
         q, k, v, _desc(q, tile, tma), _desc(k, tile, tma), _desc(v, tile, tma), out, lse, offsets,
         _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), scale, float(max(norm, 1)), group, **meta,
@@ -158,7 +159,7 @@ def block_attn_bwd(
     tma = common.use_tma([q, k, v, out, do], q.shape[2], _pow2(q.shape[2]))
     meta = _meta(q, activation, causal, block_size, norm, num_targets, pos_weight, time_weight, tma,
                  BWD_CONFIG[config_key(q, block_size)])
-    block_attn_bwd_kernel[(work.shape[0] * q.shape[1],)](
+    triton_launch.run(block_attn_bwd_kernel, (work.shape[0] * q.shape[1],),
         q, k, v, out, do, *(_desc(t, tile, tma) for t in (q, k, v, out, do)), lse, dq, dk, dv, offsets,
         _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
         dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,

@@ -15,6 +15,7 @@ import triton
 from torch.utils.flop_counter import register_flop_formula
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import triton_launch
 from kernels.attention_fp8 import Fp8Jagged
 from kernels.attention_fp8_triton import (
     jagged_attn_fp8_fwd_kernel,
@@ -80,8 +81,8 @@ def quant_plan_triton(offsets: Tensor, block: int, n_items: int) -> QuantPlan:
     blk_off = torch.empty(num_rows + 1, dtype=torch.int32, device=offsets.device)
     cols = torch.empty(num_rows + 1, dtype=torch.int32, device=offsets.device)
     work = torch.empty((n_items, 2), dtype=torch.int32, device=offsets.device)
-    quant_plan_kernel[(1,)](offsets, blk_off, cols, work, num_rows, n_items, BLOCK=block, ALIGN=ROW_ALIGN,
-                            ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=1024, num_warps=4)
+    triton_launch.run(quant_plan_kernel, (1,), offsets, blk_off, cols, work, num_rows, n_items, BLOCK=block,
+                      ALIGN=ROW_ALIGN, ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=1024, num_warps=4)
     return QuantPlan(blk_off, cols, work, n_items)
 
 
@@ -136,7 +137,7 @@ def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: b
     plan = plan if plan is not None else quant_plan(offsets, block, x.shape[0])
     data, scale, data_t = _outputs(x, offsets, block, transposed, row_major)
     if plan.n_items > 0:
-        jagged_quant_kernel[(plan.n_items * x.shape[1],)](
+        triton_launch.run(jagged_quant_kernel, (plan.n_items * x.shape[1],),
             x.contiguous(), data, data if data_t is None else data_t, scale, offsets, plan.block_offsets,
             plan.work, plan.columns, 0 if data_t is None else data_t.stride(0), TRANSPOSED=transposed,
             ROW_MAJOR=row_major or not transposed, **_quant_meta(x, block),
@@ -155,7 +156,7 @@ def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets:
     vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, False)
     items = max(q_plan.n_items, kv_plan.n_items)
     if items > 0:
-        jagged_quant_qkv_kernel[(items * q.shape[1], 3)](
+        triton_launch.run(jagged_quant_qkv_kernel, (items * q.shape[1], 3),
             q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs,
             q_offsets, kv_offsets, q_plan.block_offsets, kv_plan.block_offsets, q_plan.work, kv_plan.work,
             kv_plan.columns, q_plan.n_items, kv_plan.n_items, 0 if vt is None else vt.stride(0),

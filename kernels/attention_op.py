@@ -13,6 +13,7 @@ import triton
 from torch.utils.flop_counter import register_flop_formula
 
 from kernels import attention_triton_common as common
+from kernels import triton_launch
 from kernels.attention_flops import BACKWARD_FACTOR, visible_pairs
 from kernels.attention_spec import RelativeBias
 from kernels.attention_triton_bwd import jagged_attn_bwd_dkdv_kernel, jagged_attn_bwd_dq_kernel
@@ -190,9 +191,7 @@ def jagged_attn_bwd(
     q_len_hint: int, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
-    dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
-    dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
-                        device=q.device)
+    dpos, dtime = _table_grad(pos_weight, q), _table_grad(time_weight, q)
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -220,14 +219,10 @@ def jagged_attn_bwd(
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
-    # Autotuning zeroes the table-gradient arguments between its trial runs, so their stand-ins (no table;
-    # never read) must not alias an input such as lse.
-    stand_in = torch.empty(1, dtype=torch.float32, device=q.device)
     launch(jagged_attn_bwd_dkdv_kernel, (work_kv.shape[0] * q.shape[1],), (
         q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
-        _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos if pos_weight is not None else stand_in,
-        dtime if time_weight is not None else stand_in, _ptr(q_timestamps, q_offsets),
+        _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos, dtime, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_N=plan["tile_kv"], **meta), key)
     return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
@@ -238,10 +233,18 @@ def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: 
     ``work`` (``tile`` rows each, over ``offsets``)."""
     delta = _unset(out, out.shape[:2], torch.float32)  # every token is in one work item's tile
     d = out.shape[2]
-    softmax_delta_kernel[(work.shape[0] * out.shape[1],)](
+    triton_launch.run(softmax_delta_kernel, (work.shape[0] * out.shape[1],),
         out.contiguous(), do.contiguous(), delta, offsets, work, H=out.shape[1], HEAD_DIM=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=tile, num_warps=4)
     return delta
+
+
+def _table_grad(table: Tensor | None, like: Tensor) -> Tensor:
+    """fp32 gradient buffer of a bias table (zeroed: the kernels add into it); without a table an empty
+    stand-in, never read (and not an alias of an input, which autotuning's zeroing between trials would clear)."""
+    if table is None:
+        return torch.empty(0, dtype=torch.float32, device=like.device)
+    return torch.zeros(table.shape, dtype=torch.float32, device=like.device)
 
 
 def _cast(grad: Tensor, table: Tensor | None) -> Tensor:

@@ -8,6 +8,7 @@ the block or window (O(L*S) / O(L*W) work).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -15,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels import triton_launch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # GEMTRAIN_ATTN_AUTOTUNE=0 uses one configuration per kernel (fast compile for correctness runs).
@@ -44,7 +47,12 @@ def use_tma(tensors: list[torch.Tensor], head_dim: int, block_d: int, pays: bool
 
 def on_hopper(t: torch.Tensor) -> bool:
     """Whether ``t`` lives on a GPU with the bulk tensor copy engine (sm_90+), outside the interpreter."""
-    return t.is_cuda and not INTERPRET and torch.cuda.get_device_capability(t.device)[0] >= 9
+    return t.is_cuda and not INTERPRET and _major(t.device.index) >= 9
+
+
+@functools.cache
+def _major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]  # a driver query per call: ~10 us of host time
 
 
 _THREAD = threading.local()
@@ -101,33 +109,39 @@ def kernel_configs(inner: str, defaults: dict[int, tuple[int, int, int]], candid
     return firsts + [hook_cfg(t) for t in candidates if t not in seen and not seen.add(t)]
 
 
-# The configuration each autotuned kernel settled on, per launch key (``launch``).
-_SETTLED: dict[tuple, triton.Config] = {}
+# What each autotuned kernel settled on, per launch key (``launch``): its JIT function, the configuration's
+# ``pre_hook`` and every keyword argument of the launch (meta-parameters, configuration, heuristics).
+_SETTLED: dict[tuple, tuple] = {}
 
 
 def launch(kernel, grid: tuple, args: tuple, meta: dict, key: tuple) -> None:
     """``kernel[grid](*args, **meta)`` for an autotuned kernel (optionally wrapped in ``triton.heuristics``).
 
-    The first launch per ``key`` goes through the autotuner; later ones call the JIT function directly with
-    the configuration it chose (its ``pre_hook`` and heuristics applied here), which skips the autotuner's
-    per-launch key building and argument dicts: about half of a launch's host time on an H200 host (40-50
-    of 70-100 us), which short batches pay in full. ``key`` must determine the configuration: everything the
-    kernel's autotuning key and pruning read that ``meta`` does not already hold (length bucket, dtypes).
+    The first launch per ``key`` goes through the autotuner; later ones launch the JIT function's compiled
+    kernel with the configuration it chose (``triton_launch.run``; the configuration's ``pre_hook`` applied
+    here), which skips the autotuner's and the JIT's per-launch bookkeeping: host time that short batches pay
+    in full (benchmarks/RESULTS.md, "Host time per launch"). ``key`` must determine the configuration:
+    everything the kernel's autotuning key and pruning read that ``meta`` does not already hold (length bucket,
+    dtypes). Heuristics are evaluated once per key, so they must depend on ``meta`` and the configuration only
+    (``TABLE_PADS`` does).
     """
     full_key = (kernel, id(kernel.configs), key, tuple(meta.items()))
-    config = _SETTLED.get(full_key)
-    if config is None:
+    settled = _SETTLED.get(full_key)
+    if settled is None:
         kernel[grid](*args, **meta)
-        _SETTLED[full_key] = kernel.best_config
+        config = kernel.best_config
+        kwargs = {**meta, **config.all_kwargs()}
+        named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+        fn = kernel.fn
+        while isinstance(fn, triton.runtime.Heuristics):
+            kwargs.update((name, rule(named)) for name, rule in fn.values.items())
+            fn = fn.fn
+        _SETTLED[full_key] = (fn, config.pre_hook, kwargs)
         return
-    named = {**dict(zip(kernel.arg_names, args)), **meta, **config.all_kwargs()}
-    if config.pre_hook is not None:
-        config.pre_hook(named)
-    fn, derived = kernel.fn, {}
-    while isinstance(fn, triton.runtime.Heuristics):
-        derived.update((name, rule(named)) for name, rule in fn.values.items())
-        fn = fn.fn
-    fn[grid](*args, **meta, **config.all_kwargs(), **derived)
+    fn, pre_hook, kwargs = settled
+    if pre_hook is not None:
+        pre_hook({**dict(zip(kernel.arg_names, args)), **kwargs})
+    triton_launch.run(fn, grid, *args, **kwargs)
 
 
 def config_prune(inner: str, outer: str):

@@ -16,6 +16,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
+from kernels import triton_launch
 from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
@@ -144,7 +145,7 @@ def window_attn_fwd(
     tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
     inner = inner_of(CONFIG["fwd"], tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["fwd"])
-    window_attn_fwd_kernel[(work.shape[0] * q.shape[1],)](
+    triton_launch.run(window_attn_fwd_kernel, (work.shape[0] * q.shape[1],),
         q, k, v, _desc(k, inner, tma), _desc(v, inner, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets),
         scale, float(max(norm, 1)), min(window, WINDOW_CAP), **meta,
@@ -174,13 +175,13 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
         delta = softmax_delta(out, do, offsets, work, tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
     del meta["ONE_LOOP"]
-    window_attn_bwd_dkdv_ds_kernel[grid](
+    triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
         q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, ds_desc,
         dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta, DELTA_INLINE=inline,
         SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma,
     )
     cfg = CONFIG["dsq"]
-    window_attn_bwd_dq_ds_kernel[grid](
+    triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,
         k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], work.shape[0], **dims,
         CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
         SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, num_warps=cfg[1],
@@ -218,13 +219,13 @@ def window_attn_bwd(
     delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
     inner = inner_of(CONFIG["dq"], tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["dq"])
-    window_attn_bwd_dq_kernel[grid](
+    triton_launch.run(window_attn_bwd_dq_kernel, grid,
         q, k, v, out, do, _desc(k, inner, tma), _desc(v, inner, tma), lse, delta, dq, offsets, *common_args,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
     inner = inner_of(CONFIG["dkdv"], tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, inner, tile, CONFIG["dkdv"])
-    window_attn_bwd_dkdv_kernel[grid](
+    triton_launch.run(window_attn_bwd_dkdv_kernel, grid,
         q, k, v, do, _desc(q, inner, tma), _desc(do, inner, tma), lse, delta, dk, dv, offsets, *common_args,
         dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,

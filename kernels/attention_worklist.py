@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import triton_launch
+
 MAX_ROWS = 4096  # one program sorts every row; larger batches take the torch path
 _FIELD = 20  # bits of each packed field: lengths and row indices below 2**20
 CHUNK = 1024  # list entries written per loop step
@@ -79,6 +81,6 @@ def work_list_triton(tile_offsets: torch.Tensor, other_offsets: torch.Tensor, bl
     rows = max(16, triton.next_power_of_2(num_rows))
     scratch = torch.empty(3 * rows, dtype=torch.int64, device=tile_offsets.device)
     work = torch.empty((n_items, 2), dtype=torch.int32, device=tile_offsets.device)
-    _work_list_kernel[(1,)](tile_offsets, other_offsets, scratch, work, num_rows, n_items,
-                            BLOCK=block, ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=CHUNK, FIELD=_FIELD, num_warps=4)
+    triton_launch.run(_work_list_kernel, (1,), tile_offsets, other_offsets, scratch, work, num_rows, n_items,
+                      BLOCK=block, ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=CHUNK, FIELD=_FIELD, num_warps=4)
     return work

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import triton_launch
+
 # The interpreter's fp8 conversion rounds subnormal ties wrongly, so it takes the integer encoders. The cvt
 # needs sm_89+, as every FP8 GEMM route here does (``kernels.mx`` quantizes with the reference on older GPUs).
 HW_CVT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
@@ -255,7 +257,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
     grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
     cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
-    _quant_kernel[grid](
+    triton_launch.run(_quant_kernel, grid,
         x, r, c, x.stride(0), x.stride(1),
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
@@ -278,7 +280,7 @@ def quantize_tiles(w: torch.Tensor, tile: int = 128):
     qt = torch.empty(k, np_, dtype=torch.uint8, device=dev)
     s = torch.empty(np_ // tile, kp // tile, dtype=torch.float32, device=dev)
     st = torch.empty(kp // tile, np_ // tile, dtype=torch.float32, device=dev)
-    _tile_kernel[(np_ // tile, kp // tile)](
+    triton_launch.run(_tile_kernel, (np_ // tile, kp // tile),
         w, n, k, w.stride(0), w.stride(1),
         q, q.stride(0), qt, qt.stride(0), s, s.stride(0), st, st.stride(0), np_, kp,
         T=tile, num_warps=8,
@@ -297,7 +299,7 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     out = torch.empty(r, c, dtype=dtype, device=data.device)
     q = data.view(torch.uint8)
     tr, tc = 16, 256
-    _mx_dequant_kernel[(triton.cdiv(r, tr), triton.cdiv(c, tc))](
+    triton_launch.run(_mx_dequant_kernel, (triton.cdiv(r, tr), triton.cdiv(c, tc)),
         q, q.stride(0), scale, scale.stride(0), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
         TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=4,
     )
@@ -370,14 +372,14 @@ def quantize_rowwise(x: torch.Tensor, row: bool, col: bool, tr: int = 64, tc: in
     ra = torch.zeros(r, dtype=torch.int32, device=dev) if row else one
     ca = torch.zeros(c, dtype=torch.int32, device=dev) if col else one
     if r and c:
-        _amax_rc_kernel[grid](x, r, c, x.stride(0), x.stride(1), ra, ca, TR=tr, TC=tc, ROW=row, COL=col,
-                              num_warps=4)
+        triton_launch.run(_amax_rc_kernel, grid, x, r, c, x.stride(0), x.stride(1), ra, ca, TR=tr, TC=tc, ROW=row,
+                          COL=col, num_warps=4)
     rs = torch.empty(r, 1, dtype=torch.float32, device=dev) if row else torch.empty(1, dtype=torch.float32, device=dev)
     cs = torch.empty(c, 1, dtype=torch.float32, device=dev) if col else torch.empty(1, dtype=torch.float32, device=dev)
     q = torch.empty(r, c, dtype=torch.uint8, device=dev) if row else torch.empty(1, 1, dtype=torch.uint8, device=dev)
     qt = torch.empty(c, r, dtype=torch.uint8, device=dev) if col else torch.empty(1, 1, dtype=torch.uint8, device=dev)
-    _apply_kernel[grid](x, r, c, x.stride(0), x.stride(1), q, q.stride(0), ra, rs, qt, qt.stride(0), ca, cs,
-                        TR=tr, TC=tc, ROW=row, COL=col, num_warps=4)
+    triton_launch.run(_apply_kernel, grid, x, r, c, x.stride(0), x.stride(1), q, q.stride(0), ra, rs, qt, qt.stride(0),
+                      ca, cs, TR=tr, TC=tc, ROW=row, COL=col, num_warps=4)
     f8 = torch.float8_e4m3fn
     rows = (q.view(f8), rs, (r, c)) if row else None
     cols = (qt.view(f8), cs, (c, r)) if col else None

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import triton_launch
 from kernels.mx_triton import _ceil_to, _encode_e4m3, _encode_e5m2, _pow2_scale
 
 # ---- tensorwise (one scale per tensor). Current scaling: an amax pass, then one cast pass writing one or both
@@ -179,8 +180,8 @@ def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
     cs = torch.empty(row_step, c, dtype=torch.float32, device=x.device) if col_sums else \
         _dummy(x.device, torch.float32)
     if r and c:
-        _amax_all_kernel[(row_step, col_tiles)](x, r, c, x.stride(0), x.stride(1), amax, row_step, cs,
-                                                cs.stride(0), TR=tr, TC=tc, COLSUM=col_sums, num_warps=nw)
+        triton_launch.run(_amax_all_kernel, (row_step, col_tiles), x, r, c, x.stride(0), x.stride(1), amax, row_step,
+                          cs, cs.stride(0), TR=tr, TC=tc, COLSUM=col_sums, num_warps=nw)
     elif col_sums:
         cs.zero_()
     return (amax, cs.sum(0)) if col_sums else amax
@@ -228,7 +229,7 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
             _cdiv(row_tiles, 2)
     cs = torch.empty(row_step, c, dtype=torch.float32, device=dev) if cs_here else _dummy(dev, torch.float32)
     nslot = history.shape[0] if record else 1
-    _tensorwise_cast_kernel[(row_step, col_tiles)](
+    triton_launch.run(_tensorwise_cast_kernel, (row_step, col_tiles),
         x, r, c, x.stride(0), x.stride(1), amax, scale, q, q.stride(0), cp, qt, qt.stride(0), rp,
         history if record else _dummy(dev, torch.int64), step, cs, cs.stride(0), nr, row_step,
         TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax, EMAX=emax, DELAYED=delayed, RECORD=record,

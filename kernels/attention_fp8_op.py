@@ -3,7 +3,8 @@
 The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for the
 three) and runs the FP8 forward kernel.
 Its autograd backward is the bf16 path's ``gemtrain::jagged_attn_bwd`` on the unquantized q, k, v with the
-FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``).
+FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``), on the
+forward's list of query tiles.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kernels.attention_fp8_triton import (
     quant_plan_kernel,
 )
 from kernels.attention_op import (
+    _backward_call,
     _launch_key,
     _len_key,
     _meta,
@@ -181,15 +183,18 @@ def fp8_fwd_quantized(
     q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int, quant_block: int,
+    q_len_hint: int, quant_block: int, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 forward kernel on already-quantized inputs (``q``/``k``: shapes and output dtype only).
-    ``vt``: the transposed V codes (read instead of ``vq.data`` when given)."""
+    ``vt``: the transposed V codes (read instead of ``vq.data`` when given). ``work``: the list of query tiles
+    (``attention_op.work_list`` at the plan's query tile), built here when not given."""
     v_t = None if vt is None else vt.data
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
     plan["block_d"] = max(32, plan["block_d"])  # FP8 tensor-core MMAs reduce over >= 32 elements
-    work, n_items = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])
+    if work is None:
+        work = work_list(q_offsets, kv_offsets, plan["tile_q"], q.shape[0])[0]
+    n_items = work.shape[0]
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     meta.pop("PREC")
     d = q.shape[-1]
@@ -215,7 +220,7 @@ def jagged_attn_fp8_fwd(
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int, quant_block: int, v_transposed: bool,
+    q_len_hint: int, quant_block: int, v_transposed: bool, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
@@ -223,31 +228,38 @@ def jagged_attn_fp8_fwd(
     qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed)
     return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
                              q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
-                             len_key, q_len_hint, quant_block)
+                             len_key, q_len_hint, quant_block, work)
 
 
 @jagged_attn_fp8_fwd.register_fake
 def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
-      activation, causal, scale, block_size, window, norm, len_key, q_len_hint, quant_block, v_transposed):
+      activation, causal, scale, block_size, window, norm, len_key, q_len_hint, quant_block, v_transposed,
+      work=None):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+_NON_TENSOR = 8  # activation .. q_len_hint: the arguments the bf16 backward shares
 
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
+    work = rest[_NON_TENSOR + 2] if len(rest) > _NON_TENSOR + 2 else None  # after quant_block, v_transposed
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
-                          q_ts, kv_ts)
-    ctx.rest = rest[:-2]  # the bf16 backward takes every argument but quant_block, v_transposed
+                          q_ts, kv_ts, work)
+    ctx.rest = rest[:_NON_TENSOR]
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts = ctx.saved_tensors
-    dq, dk, dv, dpos, dtime = torch.ops.gemtrain.jagged_attn_bwd(
+    (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
+     work) = ctx.saved_tensors
+    # The bf16 backward (eagerly where nothing watches the dispatcher), reusing the forward's list of query tiles.
+    dq, dk, dv, dpos, dtime = _backward_call(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-        *ctx.rest,
+        *ctx.rest, work,
     )
     return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None, None, None) + (None,) * 10
+            dtime if time_weight is not None else None, None, None) + (None,) * (_NON_TENSOR + 3)
 
 
 jagged_attn_fp8_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -271,14 +283,18 @@ def jagged_attention_fp8_triton(
     time_w = bias.time_weight if bias is not None else None
     q_ts = bias.q_timestamps.contiguous() if time_w is not None else None
     kv_ts = bias.kv_timestamps.contiguous() if time_w is not None else None
+    q, k, v, q_offsets, kv_offsets = (t.contiguous() for t in (q, k, v, q_offsets, kv_offsets))
+    len_key, q_len_hint = _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0)
+    # One list of query tiles for the FP8 forward and the bf16 backward (both tile queries as ``_plan`` says).
+    work = work_list(q_offsets, kv_offsets, _plan(q, k, len_key, int(block_size or 0), q_len_hint)["tile_q"],
+                     q.shape[0])[0]
     out, _ = torch.ops.gemtrain.jagged_attn_fp8_fwd(
-        q.contiguous(), k.contiguous(), v.contiguous(), q_offsets.contiguous(), kv_offsets.contiguous(),
+        q, k, v, q_offsets, kv_offsets,
         None if num_targets is None else num_targets.contiguous(),
         None if pos_w is None else pos_w.contiguous(), None if time_w is None else time_w.contiguous(),
         q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
         -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
-        _len_key(q_offsets, q, k, max_q_len, max_kv_len), int(max_q_len or 0), int(quant_block),
-        bool(v_transposed),
+        len_key, q_len_hint, int(quant_block), bool(v_transposed), work,
     )
     return out
 

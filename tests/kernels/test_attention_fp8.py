@@ -210,6 +210,32 @@ def test_gradients_straight_through_within_bound():
             assert rel_err(got, want) <= FP8_GRAD_REL_BOUND, name
 
 
+def test_backward_reuses_the_forwards_work_list(monkeypatch):
+    """Self-attention builds one list of query tiles per forward+backward: the FP8 forward's serves the bf16
+    backward's two passes. Gradients equal those of the ops called without a list (each builds its own)."""
+    from kernels import attention_fp8_op, attention_op
+    from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
+
+    p = make_problem(6, [20, 0, 40], [20, 0, 40])
+    built = []
+    real = attention_op.work_list
+    counting = lambda *a, **kw: built.append(1) or real(*a, **kw)
+    monkeypatch.setattr(attention_op, "work_list", counting)
+    monkeypatch.setattr(attention_fp8_op, "work_list", counting)
+    q, k, v = (t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v))
+    do, offs = p.do.float(), p.q_offsets
+    jagged_attention(q, k, v, offs, offs, causal=True, impl="triton", precision="fp8", max_kv_len=40).backward(do)
+    assert len(built) == 1
+    shared = (offs, offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(q.shape[2]), 0, -1, 0,
+              attention_op._len_key(offs, q, k, None, 40), 0)
+    out, lse = torch.ops.gemtrain.jagged_attn_fp8_fwd(q.detach(), k.detach(), v.detach(), *shared,
+                                                      DEFAULT_QUANT_BLOCK, True)
+    own_lists = torch.ops.gemtrain.jagged_attn_bwd(do, q.detach(), k.detach(), v.detach(), out, lse, *shared)
+    assert len(built) == 4  # the forward's list, then the backward's two
+    for got, want in zip((q.grad, k.grad, v.grad), own_lists[:3], strict=True):
+        assert torch.equal(got, want)
+
+
 def test_precision_keyword_dispatch_and_errors():
     p = make_problem(4, [20, 9], [20, 9], bias=False)
     q, k, v = (t.float() for t in (p.q, p.k, p.v))

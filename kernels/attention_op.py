@@ -6,6 +6,7 @@ FLOPs through the registered formulas. Launch order: rows with the longest other
 a row the most expensive (last) tiles first, so skewed batches do not leave a long tail on few SMs.
 """
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -68,12 +69,20 @@ def descriptors_pay(q_tokens: int, keys_per_query: int, heads: int, head_dim: in
 
 def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, *streamed: Tensor) -> dict:
     d = q.shape[-1]
-    block_d = max(16, triton.next_power_of_2(d))
+    plan = dict(_tiles(d, q.dtype == torch.float32, len_key, block_size, q_len_hint))
     # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
-    tma = False
+    plan["tma"] = False
     if streamed:
         keys = min(len_key, k.shape[0], block_size if block_size > 0 else len_key)
-        tma = common.use_tma([q, k, *streamed], d, block_d, descriptors_pay(q.shape[0], keys, q.shape[1], d))
+        plan["tma"] = common.use_tma([q, k, *streamed], d, plan["block_d"],
+                                     descriptors_pay(q.shape[0], keys, q.shape[1], d))
+    return plan
+
+
+@functools.cache
+def _tiles(d: int, fp32: bool, len_key: int, block_size: int, q_len_hint: int) -> tuple:
+    """The plan's tile sizes and precision (``_plan``), cached: the ops ask for them at every call."""
+    block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
         tile_q, tile_kv = 32, 32
     else:
@@ -86,10 +95,9 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
         if block_size > 0:  # tiles no larger than the block keep block-local work at O(L*S)
             tile_q = min(tile_q, max(16, triton.next_power_of_2(block_size)))
             tile_kv = min(tile_kv, max(16, triton.next_power_of_2(block_size)))
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
     # tile_q_bwd: the dq pass's query tile (sized like the forward's; tuned on its own).
-    return dict(block_d=block_d, tile_q=tile_q, tile_q_bwd=tile_q, tile_kv=tile_kv, prec=prec, len_key=len_key,
-                tma=tma)
+    return (("block_d", block_d), ("tile_q", tile_q), ("tile_q_bwd", tile_q), ("tile_kv", tile_kv),
+            ("prec", "ieee" if fp32 else "tf32"), ("len_key", len_key))
 
 
 def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int, norm: int,

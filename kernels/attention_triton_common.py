@@ -139,7 +139,7 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict, key: tuple) -> None:
         _SETTLED[full_key] = (fn, config.pre_hook, kwargs)
         return
     fn, pre_hook, kwargs = settled
-    if pre_hook is not None:
+    if pre_hook is not None and any(type(a) is TensorDescriptor for a in args):  # the hooks size descriptors only
         pre_hook({**dict(zip(kernel.arg_names, args)), **kwargs})
     triton_launch.run(fn, grid, *args, **kwargs)
 

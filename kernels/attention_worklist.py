@@ -79,8 +79,9 @@ def work_list_triton(tile_offsets: torch.Tensor, other_offsets: torch.Tensor, bl
     """``[n_items, 2]`` int32 list, equal to ``attention_op.work_list``'s (needs ``fits``)."""
     num_rows = tile_offsets.numel() - 1
     rows = max(16, triton.next_power_of_2(num_rows))
-    scratch = torch.empty(3 * rows, dtype=torch.int64, device=tile_offsets.device)
-    work = torch.empty((n_items, 2), dtype=torch.int32, device=tile_offsets.device)
+    # One allocation for the scratch and the list (each allocation costs host time in short calls).
+    buffer = torch.empty(3 * rows + n_items, dtype=torch.int64, device=tile_offsets.device)
+    scratch, work = buffer[:3 * rows], buffer[3 * rows:].view(torch.int32).view(n_items, 2)
     triton_launch.run(_work_list_kernel, (1,), tile_offsets, other_offsets, scratch, work, num_rows, n_items,
                       BLOCK=block, ROWS=rows, LOG_ROWS=rows.bit_length() - 1, CHUNK=CHUNK, FIELD=_FIELD, num_warps=4)
     return work

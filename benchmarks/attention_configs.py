@@ -68,10 +68,12 @@ def pinned(choice: dict[str, tuple[int, int, int, int]], tma: str) -> Iterator[N
 
     common.TMA = tma
     op._plan = pinned_plan
+    common._SETTLED.clear()  # settled launches are keyed by id(kernel.configs), which a new list may reuse
     try:
         yield
     finally:
         op._plan, common.TMA = plan, mode
+        common._SETTLED.clear()
         for name, (kern, _, _) in KERNELS.items():
             kern.configs, kern.cache = saved[name][0], {}
 

@@ -6,6 +6,7 @@
     python benchmarks/attention_host.py tiles B        # D=64 tiles of the generic kernels: GPU ms per kernel
     python benchmarks/attention_host.py tiles A64      # ... on batch A's lengths at H=8, D=64
     python benchmarks/attention_host.py fwdconfigs     # forward configurations on batch A, non-causal and causal
+    python benchmarks/attention_host.py dqconfigs      # dq-pass configurations on batch A (causal, GPU ms)
     python benchmarks/attention_host.py fusedfull A    # full attention through the window op's fused backward
     python benchmarks/attention_host.py context B [unbound]  # descriptor launches on autograd's thread
     python benchmarks/attention_host.py launchcheck B  # the direct launch path (kernels.triton_launch) against
@@ -64,6 +65,13 @@ def _batch(name: str, grad: bool = False):
     if grad:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
     return offs, T, max_len, q, k, v, do
+
+
+def _cross_queries(offs: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross attention's side of a batch: 16 query tokens per row (offsets, queries with grad, their dO)."""
+    B = offs.numel() - 1
+    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
+    return offsets_of(torch.full((B,), 16, dtype=torch.int64)), qc, torch.randn_like(qc)
 
 
 def _generic_args(q, k, offs, T, max_len, causal: bool = True):
@@ -217,6 +225,36 @@ def fwdconfigs() -> list[str]:
     return lines
 
 
+DQ_CONFIGS = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 3)]
+
+
+def dqconfigs() -> list[str]:
+    """The backward's dq pass at several (outer, inner, warps, stages) on batch A, causal: GPU ms per kernel
+    (profiler) and gradients against the shipped configuration's."""
+    offs, T, max_len, q, k, v, do = _batch("A", grad=True)
+    lines = ["### dq-pass configurations, batch A causal (GPU ms per call, profiler)", "",
+             "| dq (outer, inner, warps, stages) | fwd+bwd | dq | dk/dv | dq max diff vs shipped |",
+             "|---|---|---|---|---|"]
+
+    def fb():
+        for p in (q, k, v):
+            p.grad = None
+        jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len).backward(do)
+
+    shipped = None
+    for cfg in DQ_CONFIGS:
+        with pinned({"dq": cfg}, "auto"):
+            fb()
+            dq = q.grad.clone()
+            total, parts = device_ms(fb)
+        shipped = dq if shipped is None else shipped
+        get = lambda key, parts=parts: next((ms for kname, ms in parts.items() if key in kname), float("nan"))
+        lines.append(f"| {cfg} | {total:.3f} | {get('bwd_dq'):.3f} | {get('dkdv'):.3f} | "
+                     f"{(dq.float() - shipped.float()).abs().max().item():.1e} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def fusedfull(name: str = "A") -> list[str]:
     """Full self-attention as a window of the longest row through the window op, whose fused backward stores
     each pair's score gradients and computes dq from them (5 tile matmuls per pair instead of 7), against the
@@ -282,10 +320,7 @@ def hostprofile(name: str = "B", calls: str = "200") -> list[str]:
     import pstats
 
     offs, T, max_len, q, k, v, do = _batch(name, grad=True)
-    B = offs.numel() - 1
-    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
-    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
-    doc = torch.randn_like(qc)
+    qo, qc, doc = _cross_queries(offs, q)
     cases = {
         "causal self-attention": lambda: jagged_attention(q, k, v, offs, offs, causal=True,
                                                           max_kv_len=max_len).backward(do),
@@ -345,10 +380,7 @@ def launchcheck(name: str = "B") -> list[str]:
     lines.append(f"| copy kernel, n in (1, 16, 17, 1024, 1000, 4095) x pointer offsets (0, 1, 4 floats), 3 launches "
                  f"each | {'ok' if not bad else f'WRONG at {bad}'} ({kernels} compiled specializations) |")
     offs, T, max_len, q, k, v, do = _batch(name, grad=True)
-    B = offs.numel() - 1
-    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
-    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
-    doc = torch.randn_like(qc)
+    qo, qc, doc = _cross_queries(offs, q)
     cases = {
         "causal": (lambda: jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len), do, (q, k, v)),
         "non-causal": (lambda: jagged_attention(q, k, v, offs, offs, max_kv_len=max_len), do, (q, k, v)),
@@ -379,10 +411,7 @@ def launchab(name: str = "B", rounds: str = "8") -> list[str]:
     from kernels import triton_launch
 
     offs, T, max_len, q, k, v, do = _batch(name, grad=True)
-    B = offs.numel() - 1
-    qo = offsets_of(torch.full((B,), 16, dtype=torch.int64))
-    qc = torch.randn(16 * B, q.shape[1], q.shape[2], device="cuda", dtype=q.dtype, requires_grad=True)
-    doc = torch.randn_like(qc)
+    qo, qc, doc = _cross_queries(offs, q)
 
     def fb(inputs, grad, **kw):
         for t in inputs:
@@ -414,7 +443,7 @@ def launchab(name: str = "B", rounds: str = "8") -> list[str]:
     return lines
 
 
-SECTIONS = {"launchab": launchab, "launchcheck": launchcheck, "hostprofile": hostprofile, "pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "fusedfull": fusedfull,
+SECTIONS = {"launchab": launchab, "launchcheck": launchcheck, "hostprofile": hostprofile, "pieces": pieces, "launch": launch, "tiles": tiles, "fwdconfigs": fwdconfigs, "dqconfigs": dqconfigs, "fusedfull": fusedfull,
             "context": context}
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from kernels.attention_fp8_triton import (
     quant_plan_kernel,
 )
 from kernels.attention_op import (
-    _backward_call,
     _launch_key,
     _len_key,
     _meta,
@@ -33,6 +32,7 @@ from kernels.attention_op import (
     _plan,
     _ptr,
     _unset,
+    bf16_autograd,
     descriptors_pay,
     work_list,
 )
@@ -238,28 +238,7 @@ def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ti
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-_NON_TENSOR = 8  # activation .. q_len_hint: the arguments the bf16 backward shares
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
-    work = rest[_NON_TENSOR + 2] if len(rest) > _NON_TENSOR + 2 else None  # after quant_block, v_transposed
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
-                          q_ts, kv_ts, work)
-    ctx.rest = rest[:_NON_TENSOR]
-
-
-def _backward(ctx, dout, dlse):
-    (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-     work) = ctx.saved_tensors
-    # The bf16 backward (eagerly where nothing watches the dispatcher), reusing the forward's list of query tiles.
-    dq, dk, dv, dpos, dtime = _backward_call(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-        *ctx.rest, work,
-    )
-    return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None, None, None) + (None,) * (_NON_TENSOR + 3)
+_setup_context, _backward = bf16_autograd(2)  # quant_block and v_transposed come before the work list
 
 
 jagged_attn_fp8_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -42,31 +42,33 @@ def _encode_e5m2(y):
 
 
 @triton.jit
-def _encode_e4m3_int(y):
-    """fp32 (finite, |y| <= 448) -> e4m3fn code as int32 (RNE), in integer and exact fp32 operations."""
+def _encode_fp8_int(y, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """fp32 (finite, within the format's range) -> code of the 8-bit float with ``MANT`` mantissa bits and
+    exponent bias ``BIAS`` as int32 (round to nearest even), in integer and exact fp32 operations."""
+    SHIFT: tl.constexpr = 23 - MANT
     b = y.to(tl.int32, bitcast=True)
     sign = (b >> 24) & 0x80
     ab = b & 0x7FFFFFFF
-    # normal e4m3 (|y| >= 2^-6): round 23 mantissa bits to 3, ties to even, then rebias 127 -> 7
-    norm = ((ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20) - 960
-    # subnormal: adding 2^14 makes the fp32 add round |y| to a multiple of 2^-9 (the e4m3 step)
+    # normal (|y| >= 2^(1 - BIAS)): round 23 mantissa bits to MANT, ties to even, then rebias 127 -> BIAS
+    norm = ((ab + ((1 << (SHIFT - 1)) - 1) + ((ab >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MANT)
+    # subnormal: adding 2^(23 + STEP) makes the fp32 add round |y| to a multiple of 2^STEP (the format's step)
+    STEP: tl.constexpr = 1 - BIAS - MANT
+    MAGIC: tl.constexpr = (1 << (23 + STEP)) * 1.0
     yab = ab.to(tl.float32, bitcast=True)
-    sub = (yab + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
-    return tl.where(ab >= 0x3C800000, norm, sub) | sign
+    sub = (yab + MAGIC).to(tl.int32, bitcast=True) - ((127 + 23 + STEP) << 23)  # minus the bits of MAGIC
+    return tl.where(ab >= ((128 - BIAS) << 23), norm, sub) | sign
+
+
+@triton.jit
+def _encode_e4m3_int(y):
+    """fp32 (finite, |y| <= 448) -> e4m3fn code as int32 (RNE)."""
+    return _encode_fp8_int(y, 3, 7)
 
 
 @triton.jit
 def _encode_e5m2_int(y):
-    """fp32 (finite, |y| <= 57344) -> e5m2 code as int32 (RNE); same construction as ``_encode_e4m3_int``."""
-    b = y.to(tl.int32, bitcast=True)
-    sign = (b >> 24) & 0x80
-    ab = b & 0x7FFFFFFF
-    # normal e5m2 (|y| >= 2^-14): round 23 mantissa bits to 2, ties to even, then rebias 127 -> 15
-    norm = ((ab + 0xFFFFF + ((ab >> 21) & 1)) >> 21) - 448
-    # subnormal: adding 2^7 makes the fp32 add round |y| to a multiple of 2^-16 (the e5m2 step)
-    yab = ab.to(tl.float32, bitcast=True)
-    sub = (yab + 128.0).to(tl.int32, bitcast=True) - 0x43000000
-    return tl.where(ab >= 0x38800000, norm, sub) | sign
+    """fp32 (finite, |y| <= 57344) -> e5m2 code as int32 (RNE)."""
+    return _encode_fp8_int(y, 2, 15)
 
 
 @triton.jit

@@ -198,12 +198,10 @@ def jagged_attn_bwd(
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
     q_len_hint: int, work: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    if q.shape[0] == 0 or k.shape[0] == 0 or q_offsets.numel() <= 1:
+        return no_token_grads(q, k, v, pos_weight, time_weight)
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
-    dpos, dtime = _table_grad(pos_weight, q), _table_grad(time_weight, q)
-    num_rows = q_offsets.numel() - 1
-    if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+    dpos, dtime = table_grad_buffer(pos_weight, q), table_grad_buffer(time_weight, q)
     do, out = do.contiguous(), out.contiguous()
     plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
@@ -233,7 +231,7 @@ def jagged_attn_bwd(
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos, dtime, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_N=plan["tile_kv"], **meta), key)
-    return dq, dk, dv, _cast(dpos, pos_weight), _cast(dtime, time_weight)
+    return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)
 
 
 def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: int) -> Tensor:
@@ -247,7 +245,7 @@ def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: 
     return delta
 
 
-def _table_grad(table: Tensor | None, like: Tensor) -> Tensor:
+def table_grad_buffer(table: Tensor | None, like: Tensor) -> Tensor:
     """fp32 gradient buffer of a bias table (zeroed: the kernels add into it); without a table an empty
     stand-in, never read (and not an alias of an input, which autotuning's zeroing between trials would clear)."""
     if table is None:
@@ -255,8 +253,17 @@ def _table_grad(table: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros(table.shape, dtype=torch.float32, device=like.device)
 
 
-def _cast(grad: Tensor, table: Tensor | None) -> Tensor:
+def table_grad(grad: Tensor, table: Tensor | None) -> Tensor:
+    """A table's gradient in the table's dtype (accumulated in float32)."""
     return grad if table is None else grad.to(table.dtype)
+
+
+def no_token_grads(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None,
+                   time_weight: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A backward op's outputs for a call without tokens or rows: zeros everywhere."""
+    return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v),
+            table_grad(table_grad_buffer(pos_weight, q), pos_weight),
+            table_grad(table_grad_buffer(time_weight, q), time_weight))
 
 
 @jagged_attn_bwd.register_fake

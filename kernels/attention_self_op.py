@@ -19,11 +19,6 @@ from kernels.attention_op import eager_autograd, eager_call
 Tensor = torch.Tensor
 
 
-def table_grad(grad: Tensor, table: Tensor | None) -> Tensor:
-    """A table's gradient in the table's dtype (accumulated in float32)."""
-    return grad if table is None else grad.to(table.dtype)
-
-
 def fake_backward(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None, time_weight: Tensor | None):
     """The backward op's outputs, shapes only (``register_fake``)."""
     def table(t: Tensor | None) -> Tensor:

@@ -21,7 +21,10 @@ from kernels.attention_op import (  # attention_op imports this module lazily
     _ptr,
     _unset,
     attention_op,
+    no_token_grads,
     softmax_delta,
+    table_grad,
+    table_grad_buffer,
     work_list,
 )
 from kernels.attention_self_op import (
@@ -29,7 +32,6 @@ from kernels.attention_self_op import (
     register_self_attention_autograd,
     register_self_attention_flops,
     self_attention_work,
-    table_grad,
 )
 from kernels.attention_triton_common import ACT_CODES, INTERPRET
 from kernels.attention_triton_window import (
@@ -195,12 +197,9 @@ def window_attn_bwd(
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, window: int, norm: int, work: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    dpos = torch.zeros(pos_weight.shape if pos_weight is not None else (0,), dtype=torch.float32, device=q.device)
-    dtime = torch.zeros(time_weight.shape if time_weight is not None else (0,), dtype=torch.float32,
-                        device=q.device)
     if q.shape[0] == 0 or offsets.numel() <= 1:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), table_grad(dpos, pos_weight), \
-            table_grad(dtime, time_weight)
+        return no_token_grads(q, k, v, pos_weight, time_weight)
+    dpos, dtime = table_grad_buffer(pos_weight, q), table_grad_buffer(time_weight, q)
     do = do.contiguous()
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
     tile = tile_of(q)

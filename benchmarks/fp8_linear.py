@@ -56,6 +56,12 @@ VARIANTS = [  # (label, config kwargs)
     ("mxfp8 (hopper: emulate)", dict(recipe="mxfp8", mx_on_hopper="emulate")),
     ("mxfp8 (hopper: as blockwise)", dict(recipe="mxfp8", mx_on_hopper="blockwise")),
 ]
+# Between the interaction shapes (FP8 loses, host-bound) and the MLP shapes (FP8 wins): where the crossover lies.
+CROSSOVER_SHAPES = [("layer", m, k, n) for m, k, n in (
+    (16384, 1024, 1024), (65536, 1024, 1024), (16384, 1024, 4096), (32768, 1024, 4096), (16384, 4096, 4096),
+    (65536, 2048, 2048))]
+CROSSOVER_VARIANTS = [v for v in VARIANTS if v[0] in ("tensorwise (dY e5m2)", "tensorwise delayed (dY e5m2)")]
+
 LINEAR_SHAPES = [  # (name, tokens, in, out)
     ("mlp up", 65536, 1024, 4096),
     ("mlp down", 65536, 4096, 1024),
@@ -445,7 +451,16 @@ def main() -> None:
                     help="first: amax sweep, kernel tables and ablations of the tensorwise layer")
     ap.add_argument("--only", default=None, help="comma-separated variant label prefixes, e.g. tensorwise")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--crossover", action="store_true",
+                    help="only the tensorwise layer against bf16 nn.Linear on sizes between the interaction and MLP shapes")
     args = ap.parse_args()
+    if args.crossover:
+        print("| shape | variant | ms | TFLOP/s | ratio | tokens x in x out |\n|---|---|---|---|---|---|")
+        for r in time_linears("cuda", CROSSOVER_SHAPES, CROSSOVER_VARIANTS):
+            m, k, n = (int(t) for t in r["shape"].split()[1].replace("->", "x").split("x"))
+            print(f"| {r['shape']} | {r['variant']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f}x | "
+                  f"{m * k * n:.1e} |{' ' + r['error'] if 'error' in r else ''}", flush=True)
+        return
     prefixes = tuple(p.strip() for p in args.only.split(",")) if args.only else None
     variants = [v for v in VARIANTS if v[0].startswith(prefixes)] if prefixes else VARIANTS
     only_tw = prefixes is not None and all(p.startswith("tensorwise") for p in prefixes)

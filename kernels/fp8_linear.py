@@ -46,6 +46,12 @@ scale; their amaxes are max-combined and enter the history when the step ends. T
 counted). The history is runtime state: not in the ``state_dict`` (a resumed run starts with one step of
 current scaling), per process (ranks do not share amaxes), only in training mode (eval uses current scaling).
 
+``min_gemm``: a call whose GEMM is smaller than this (tokens x in_features x out_features) runs as bf16
+``F.linear``, as ``nn.Linear`` would. An FP8 layer's casts and per-call host work cost about 1 ms per
+forward+backward in eager mode on an H200 host, which small GEMMs do not pay back. Measured there (tensorwise,
+benchmarks/RESULTS.md, "Where FP8 linears pay"): 0.35-0.73x bf16 at 1.7e10-6.9e10, 1.19-1.22x at 1.4e11, and
+1.36-1.67x at 2.7e11. So ``min_gemm=1e11`` keeps FP8 where it wins. The default 0 runs every call in FP8.
+
 ``emulate=True`` runs every recipe as quantize -> dequantize -> fp32 matmul, on any device: the
 numerical reference of the native path (same quantized operands; only the accumulation order
 differs). Without it, FP8 recipes on a CPU tensor raise :class:`Fp8LinearError`.
@@ -88,6 +94,7 @@ class Fp8Config:
     grad_format: str = "e5m2"  # tensorwise: element format of dY (one scale spans the whole tensor)
     scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
     amax_history: int = 16  # delayed scaling: the scale is the max amax of this many earlier steps
+    min_gemm: float = 0  # calls with tokens x in x out below this run bf16 F.linear (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -98,6 +105,8 @@ class Fp8Config:
             raise Fp8LinearError(
                 f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
                 "recipe='tensorwise' or scaling='current'")
+        if isinstance(self.min_gemm, bool) or not isinstance(self.min_gemm, (int, float)) or not self.min_gemm >= 0:
+            raise Fp8LinearError(f"Fp8Config.min_gemm must be a number >= 0 (tokens x in x out), got {self.min_gemm!r}")
         if self.grad_format not in GRAD_FORMATS:
             raise Fp8LinearError(f"Fp8Config.grad_format must be one of {GRAD_FORMATS}, got {self.grad_format!r}")
         if self.blockwise_wgrad not in ("1x128", "128x128"):
@@ -562,6 +571,8 @@ class Fp8Linear(nn.Linear):
         lead = x.shape[:-1]
         if x.numel() == 0:  # no tokens (an MoE expert that got none): nothing to quantize or scale
             return torch.nn.functional.linear(x, self.weight, self.bias)
+        if x.numel() * self.out_features < self.config.min_gemm:  # too small for FP8 to pay back its casts
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
         # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
         if self.config.scaling == "delayed":
@@ -590,4 +601,5 @@ class Fp8Linear(nn.Linear):
     def extra_repr(self) -> str:
         c = self.config
         extra = f", scaling=delayed (history {c.amax_history})" if c.scaling == "delayed" else ""
+        extra += f", min_gemm={c.min_gemm:g}" if c.min_gemm else ""
         return f"{super().extra_repr()}, recipe={c.recipe}, wgrad={c.wgrad}, emulate={c.emulate}{extra}"

@@ -54,7 +54,8 @@ class PrecisionPolicy:
     ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe.
     ``scaling`` (``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's scaling of x and
     dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``. Current scaling stays the
-    default until a quality run says otherwise."""
+    default until a quality run says otherwise. ``min_gemm`` (tokens x in x out): FP8 layers run their smaller
+    calls in bf16 (``Fp8Config.min_gemm``; 1e11 keeps FP8 where it measured faster on an H200)."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
@@ -74,6 +75,7 @@ class PrecisionPolicy:
     grad_format: str = "e5m2"
     scaling: str = "current"
     amax_history: int = 16
+    min_gemm: float = 0  # FP8 layers run bf16 below this tokens x in x out (``Fp8Config.min_gemm``)
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:
@@ -106,9 +108,9 @@ class PrecisionPolicy:
                 raise PrecisionPolicyError(
                     f"PrecisionPolicy: scaling='delayed' is a tensorwise option, but {other} use other recipes; "
                     "set those kinds to 'tensorwise' (or 'bf16'), or use scaling='current'")
-        try:  # validates mx_on_hopper, grad_format and amax_history
+        try:  # validates mx_on_hopper, grad_format, amax_history and min_gemm
             Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, grad_format=self.grad_format,
-                      amax_history=self.amax_history)
+                      amax_history=self.amax_history, min_gemm=self.min_gemm)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -128,6 +130,12 @@ class PrecisionPolicy:
         d = dict(d)
         if isinstance(d.get("amax_history"), str) and d["amax_history"].strip().isdigit():  # a command-line value
             d["amax_history"] = int(d["amax_history"])
+        if isinstance(d.get("min_gemm"), str):  # a command-line or YAML value such as "1e11"
+            try:
+                d["min_gemm"] = float(d["min_gemm"])
+            except ValueError:
+                raise PrecisionPolicyError(f"{where}.min_gemm: expected a number (tokens x in x out), got "
+                                           f"{d['min_gemm']!r}") from None
         if "high_precision" in d:
             d["high_precision"] = tuple(d["high_precision"])
         if d.get("attention_kernel_layers") is not None:
@@ -152,7 +160,7 @@ class PrecisionPolicy:
             return None
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
                          grad_format=self.grad_format, scaling=self.scaling if recipe == "tensorwise" else "current",
-                         amax_history=self.amax_history)
+                         amax_history=self.amax_history, min_gemm=self.min_gemm)
 
 
 @dataclass

@@ -226,3 +226,25 @@ def test_fp8_copies_are_saved_tensors_that_checkpointing_frees(case, recipe):
     plain = run(lin, x, dy)
     for got, want in zip(run(_Checkpointed(lin), x, dy), plain):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_min_gemm_runs_calls_below_it_as_bf16_linear(recipe):
+    """Below ``min_gemm`` (tokens x in x out) the layer is ``F.linear``: same output and gradients bit for bit;
+    at it, the FP8 path (whose output differs from F.linear's)."""
+    torch.manual_seed(3)
+    base = nn.Linear(64, 32)
+    x = torch.randn(4, 5, 64)  # 20 tokens: a GEMM of 20 x 64 x 32 = 40960
+    for min_gemm, fp8 in ((40961, False), (1e9, False), (40960, True), (0, True)):
+        layer = Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, emulate=True, min_gemm=min_gemm))
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        ours, ref = layer(xs[0]), nn.functional.linear(xs[1], base.weight, base.bias)
+        assert torch.equal(ours, ref) != fp8, (min_gemm, fp8)
+        if not fp8:
+            g = torch.randn_like(ours)
+            grads = [torch.autograd.grad(y, (xi, base.weight, base.bias), g) for y, xi in ((ours, xs[0]), (ref, xs[1]))]
+            assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert "min_gemm=1e+09" in repr(Fp8Linear.from_linear(base, Fp8Config(recipe=recipe, min_gemm=1e9)))
+    for bad in (-1, "1e11", True):
+        with pytest.raises(Fp8LinearError, match="min_gemm"):
+            Fp8Config(recipe=recipe, min_gemm=bad)

@@ -144,3 +144,15 @@ def test_delayed_scaling_option_reaches_the_tensorwise_layers_and_is_validated()
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "lazy"})
     with pytest.raises(PrecisionPolicyError, match="amax_history must be an int >= 1"):
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "delayed", "amax_history": 0})
+
+
+def test_min_gemm_reaches_the_fp8_layers_and_is_validated():
+    p = PrecisionPolicy.from_dict({"mlp": "tensorwise", "emulate": True, "min_gemm": "1e11"})  # YAML 1.1 reads a str
+    assert p.min_gemm == 1e11 and PrecisionPolicy().min_gemm == 0
+    model = Toy()
+    report = apply_precision_policy(model, p)
+    assert report.converted and all(model.get_submodule(n).config.min_gemm == 1e11 for n in report.converted)
+    with pytest.raises(PrecisionPolicyError, match="min_gemm"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "min_gemm": "a lot"})
+    with pytest.raises(PrecisionPolicyError, match="min_gemm"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "min_gemm": -5})

@@ -69,7 +69,8 @@ def descriptors_pay(q_tokens: int, keys_per_query: int, heads: int, head_dim: in
 
 def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, *streamed: Tensor) -> dict:
     d = q.shape[-1]
-    plan = dict(_tiles(d, q.dtype == torch.float32, len_key, block_size, q_len_hint))
+    tiles = _tiles if torch.compiler.is_compiling() else _cached_tiles  # the compiler traces the plain function
+    plan = dict(tiles(d, q.dtype == torch.float32, len_key, block_size, q_len_hint))
     # Descriptors are decided where the kernels launch (given the streamed tensors); tiles alone need none.
     plan["tma"] = False
     if streamed:
@@ -79,9 +80,8 @@ def _plan(q: Tensor, k: Tensor, len_key: int, block_size: int, q_len_hint: int, 
     return plan
 
 
-@functools.cache
 def _tiles(d: int, fp32: bool, len_key: int, block_size: int, q_len_hint: int) -> tuple:
-    """The plan's tile sizes and precision (``_plan``), cached: the ops ask for them at every call."""
+    """The plan's tile sizes and precision (``_plan``; eager calls read them from ``_cached_tiles``)."""
     block_d = max(16, triton.next_power_of_2(d))
     if INTERPRET:
         tile_q, tile_kv = 32, 32
@@ -98,6 +98,9 @@ def _tiles(d: int, fp32: bool, len_key: int, block_size: int, q_len_hint: int) -
     # tile_q_bwd: the dq pass's query tile (sized like the forward's; tuned on its own).
     return (("block_d", block_d), ("tile_q", tile_q), ("tile_q_bwd", tile_q), ("tile_kv", tile_kv),
             ("prec", "ieee" if fp32 else "tf32"), ("len_key", len_key))
+
+
+_cached_tiles = functools.cache(_tiles)  # the ops ask for the tiles at every call
 
 
 def _meta(q: Tensor, activation: str, causal: bool, block_size: int, window: int, norm: int,

@@ -60,7 +60,8 @@ VARIANTS = [  # (label, config kwargs)
 CROSSOVER_SHAPES = [("layer", m, k, n) for m, k, n in (
     (16384, 1024, 1024), (65536, 1024, 1024), (16384, 1024, 4096), (32768, 1024, 4096), (16384, 4096, 4096),
     (65536, 2048, 2048))]
-CROSSOVER_VARIANTS = [v for v in VARIANTS if v[0] in ("tensorwise (dY e5m2)", "tensorwise delayed (dY e5m2)")]
+CROSSOVER_VARIANTS = [v for v in VARIANTS if v[0] in ("tensorwise (dY e5m2)", "tensorwise delayed (dY e5m2)")] + [
+    ("tensorwise delayed, min_gemm=1e11", dict(recipe="tensorwise", scaling="delayed", min_gemm=1e11))]
 
 LINEAR_SHAPES = [  # (name, tokens, in, out)
     ("mlp up", 65536, 1024, 4096),

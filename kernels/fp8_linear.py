@@ -48,9 +48,10 @@ current scaling), per process (ranks do not share amaxes), only in training mode
 
 ``min_gemm``: a call whose GEMM is smaller than this (tokens x in_features x out_features) runs as bf16
 ``F.linear``, as ``nn.Linear`` would. An FP8 layer's casts and per-call host work cost about 1 ms per
-forward+backward in eager mode on an H200 host, which small GEMMs do not pay back. Measured there (tensorwise,
-benchmarks/RESULTS.md, "Where FP8 linears pay"): 0.35-0.73x bf16 at 1.7e10-6.9e10, 1.19-1.22x at 1.4e11, and
-1.36-1.67x at 2.7e11. So ``min_gemm=1e11`` keeps FP8 where it wins. The default 0 runs every call in FP8.
+forward+backward in eager mode on an H200 host (1.0-1.8 ms, moving with the host's load), which small GEMMs do not
+pay back. Measured there in two calls (tensorwise, benchmarks/RESULTS.md, "Where FP8 linears pay"): 0.16-0.73x bf16
+at 1.7e10-6.9e10, 0.80-1.22x at 1.4e11, 1.35-1.67x at 2.7e11. So ``min_gemm=2e11`` keeps FP8 where it won in both
+calls. The default 0 runs every call in FP8.
 
 ``emulate=True`` runs every recipe as quantize -> dequantize -> fp32 matmul, on any device: the
 numerical reference of the native path (same quantized operands; only the accumulation order

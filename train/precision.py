@@ -55,7 +55,7 @@ class PrecisionPolicy:
     ``scaling`` (``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's scaling of x and
     dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``. Current scaling stays the
     default until a quality run says otherwise. ``min_gemm`` (tokens x in x out): FP8 layers run their smaller
-    calls in bf16 (``Fp8Config.min_gemm``; 1e11 keeps FP8 where it measured faster on an H200)."""
+    calls in bf16 (``Fp8Config.min_gemm``; 2e11 keeps FP8 where it measured faster on an H200)."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth

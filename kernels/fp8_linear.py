@@ -68,6 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import mx
+from kernels.fp8_delayed import AmaxState, fp8_step, register_step_hook  # noqa: F401  (fp8_step: public here too)
 
 RECIPES = ("mxfp8", "blockwise", "rowwise", "tensorwise", "bf16")
 GRAD_FORMATS = ("e5m2", "e4m3")
@@ -249,64 +250,6 @@ class _Plan:
 _PLANS: dict[tuple[Fp8Config, torch.device], _Plan] = {}
 
 
-# ----------------------------------------------------------------------------------------------
-# delayed scaling: the step counter and each layer's amax history
-
-_GENERATION = [0]  # bumped by every optimizer step (hook below) and by fp8_step()
-_HOOK: list[Any] = []
-
-
-def fp8_step() -> None:
-    """End the current step for delayed scaling: the next training forward of every delayed-scaling layer
-    commits the amaxes recorded so far and reads its scales from a history that includes them. Every
-    ``torch.optim`` optimizer's ``step()`` calls this (a global post-hook, registered with the first
-    delayed-scaling layer); call it by hand only in loops that update weights some other way."""
-    _GENERATION[0] += 1
-
-
-def _register_step_hook() -> None:
-    if not _HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _HOOK.append(register_optimizer_step_post_hook(lambda *_: fp8_step()))
-
-
-class _AmaxState:
-    """Delayed-scaling state of one layer: the amax rings of x (row 0) and dY (row 1) on the device, and on the
-    host the layer's step number and the latest step each ring was written in.
-
-    ``begin()`` (each training forward) starts a new step when an optimizer step (or :func:`fp8_step`) came since
-    the last forward, and decides once per step whether each ring has history in the window: every cast of that
-    step (first forward, recomputed forward, backward, further micro-batches) then takes the same path and, with
-    history, the same scale. Host counters only: no device op and no sync."""
-
-    def __init__(self, window: int, device: torch.device):
-        self.window = window
-        self.device = device
-        self.history = mx.new_amax_history(window, device, rows=2)
-        self.rows = (self.history[0], self.history[1])
-        self.step = 0
-        self.gen: int | None = None
-        self.last: list[int | None] = [None, None]  # step of the latest record per ring
-        self.use_history = (False, False)
-
-    def begin(self) -> int:
-        gen = _GENERATION[0]
-        if gen != self.gen:
-            if self.gen is not None:
-                self.step += 1
-            self.gen = gen
-            self.use_history = tuple(t is not None and t >= self.step - self.window for t in self.last)
-        return self.step
-
-    def scale(self, row: int, step: int, use_history: bool) -> mx.DelayedScale:
-        """The DelayedScale of ring ``row`` in ``step`` (``use_history`` as ``begin`` decided for that step);
-        marks the ring written in ``step``."""
-        last = self.last[row]
-        self.last[row] = step if last is None or last < step else last
-        return mx.DelayedScale(self.rows[row], step, self.window, use_history)
-
-
 def _pad_rows(x: torch.Tensor, align: int) -> torch.Tensor:
     """Zero rows appended so the row count is a multiple of ``align`` (``x`` itself when it is)."""
     pad = (-x.shape[0]) % align
@@ -436,7 +379,7 @@ def _join_operand(form: Any, tensors: list[torch.Tensor]) -> Any:
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                cfg: Fp8Config, where: str, out_dtype: torch.dtype, state: _AmaxState | None) -> torch.Tensor:
+                cfg: Fp8Config, where: str, out_dtype: torch.dtype, state: AmaxState | None) -> torch.Tensor:
         plan = _Plan.make(cfg, x, where)
         m, k = x.shape
         n = w.shape[0]
@@ -538,7 +481,7 @@ class Fp8Linear(nn.Linear):
             raise Fp8LinearError("Fp8Linear: pass either config= or recipe/wgrad/emulate keywords, not both")
         self.config = config if config is not None else Fp8Config(**config_kwargs)
         self._fp8_where = f"Fp8Linear({in_features}->{out_features})"
-        self._amax_state: _AmaxState | None = None
+        self._amax_state: AmaxState | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: Fp8Config) -> Fp8Linear:
@@ -553,7 +496,7 @@ class Fp8Linear(nn.Linear):
         new.train(linear.training)
         return new
 
-    def _delayed_state(self, x: torch.Tensor) -> _AmaxState | None:
+    def _delayed_state(self, x: torch.Tensor) -> AmaxState | None:
         """This layer's delayed-scaling state (made on first use, remade when the device or window changes);
         None where the layer uses current scaling (config, or eval mode)."""
         c = self.config
@@ -561,8 +504,8 @@ class Fp8Linear(nn.Linear):
             return None
         st = self._amax_state
         if st is None or st.device != x.device or st.window != c.amax_history:
-            _register_step_hook()
-            st = self._amax_state = _AmaxState(c.amax_history, x.device)
+            register_step_hook()
+            st = self._amax_state = AmaxState(c.amax_history, x.device)
         return st
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -582,7 +525,7 @@ class Fp8Linear(nn.Linear):
             y = self._run(x.reshape(-1, self.in_features), None)
         return y.reshape(*lead, self.out_features)
 
-    def _run(self, x2: torch.Tensor, state: _AmaxState | None) -> torch.Tensor:
+    def _run(self, x2: torch.Tensor, state: AmaxState | None) -> torch.Tensor:
         # Under autocast the output takes the autocast dtype, as nn.Linear's does: an fp32 output would send
         # fp32 activations downstream (the attention kernels then run fp32 dot products, many times slower).
         dev = x2.device.type

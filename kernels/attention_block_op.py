@@ -161,7 +161,7 @@ def block_attn_bwd(
     triton_launch.run(block_attn_bwd_kernel, (work.shape[0] * q.shape[1],),
         q, k, v, out, do, *(_desc(t, tile, tma) for t in (q, k, v, out, do)), lse, dq, dk, dv, offsets,
         _ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse),
-        dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
+        dpos, dtime,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), scale, float(max(norm, 1)), group, **meta,
     )
     return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)

@@ -208,7 +208,7 @@ def window_attn_bwd(
     common_args = (_ptr(num_targets, offsets), work, _ptr(pos_weight, lse), _ptr(time_weight, lse))
     scalars = (scale, float(max(norm, 1)), min(window, WINDOW_CAP))
     grid = (work.shape[0] * q.shape[1],)
-    table_grads = (dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse)
+    table_grads = (dpos, dtime)
     times = (_ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets))
     if slots:
         _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, causal, norm, num_targets,
@@ -226,7 +226,7 @@ def window_attn_bwd(
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, inner, tile, CONFIG["dkdv"])
     triton_launch.run(window_attn_bwd_dkdv_kernel, grid,
         q, k, v, do, _desc(q, inner, tma), _desc(do, inner, tma), lse, delta, dk, dv, offsets, *common_args,
-        dpos if pos_weight is not None else lse, dtime if time_weight is not None else lse,
+        dpos, dtime,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
     return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)

@@ -455,6 +455,8 @@ def main() -> None:
     ap.add_argument("--crossover", action="store_true",
                     help="only the tensorwise layer against bf16 nn.Linear on sizes between the interaction and MLP shapes")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/fp8_linear.py times FP8 GEMMs and casts on the GPU: run it on a CUDA machine")
     if args.crossover:
         print("| shape | variant | ms | TFLOP/s | ratio | tokens x in x out |\n|---|---|---|---|---|---|")
         for r in time_linears("cuda", CROSSOVER_SHAPES, CROSSOVER_VARIANTS):

@@ -362,13 +362,19 @@ def softmax_step(s, m_i, l_i, ok, MASKED: tl.constexpr):
 
 
 @triton.jit
-def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr = False):
+def score_grads(s, dp, lse, delta, ok, inv_n, ACT: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr = False,
+                KEY_ROWS: tl.constexpr = False):
     """(p, ds) of a tile: softmax ``p = exp2(s - lse)``, ``ds = p * (dp - delta)``; pointwise
     ``p = act(s) / n``, ``ds = dp * act'(s) / n`` (``FAST``: see ``act_fwd``). ``MASKED``: zero outside
-    ``ok`` (where a neighbour row's token may give a non-finite ``dp``, and ``lse`` may be +inf)."""
+    ``ok`` (where a neighbour row's token may give a non-finite ``dp``, and ``lse`` may be +inf).
+    ``KEY_ROWS``: the tile is transposed, [keys, queries] (``lse`` and ``delta`` run along its columns)."""
     if ACT == 0:
-        p = tl.exp2(s - lse[:, None])
-        ds = p * (dp - delta[:, None])
+        if KEY_ROWS:
+            p = tl.exp2(s - lse[None, :])
+            ds = p * (dp - delta[None, :])
+        else:
+            p = tl.exp2(s - lse[:, None])
+            ds = p * (dp - delta[:, None])
     else:
         a, da = act_fwd_bwd(s, ACT, FAST)
         p = a * inv_n

@@ -6,7 +6,8 @@ tile, key tile) pair twice, once for dq and once for dk/dv: 7 tile matmuls per p
 * ``window_attn_bwd_dkdv_ds_kernel``: one program per (key tile, head), looping over the query tiles that
   see it (every tile masked, one pipelined loop): S, dP, dV += P^T dO, dK += dS^T Q as in the dk/dv
   kernel, and it stores the pair's dS (in the inputs' dtype: what the dq matmul reads anyway) into a
-  scratch of whole tiles ``DS[h, slot, query tile's work item, query, key]``, ``slot = query tile - key tile
+  scratch of whole tiles ``DS[h, slot, query tile's work item, query, key]`` (``[..., key, query]`` without bias
+  tables, where the tile is computed transposed), ``slot = query tile - key tile
   (+ NB when not causal)``, ``NB`` the key tiles a window reaches on one side (the query tile's work item
   follows from the key tile's: a row's tiles are consecutive items, its last tile first, ``work_list``).
   Whole tiles (the rows past a jagged row's end are the tile's own) go through bulk tensor copies (``DS_TMA``). Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
@@ -68,6 +69,15 @@ def _ds_tile_ptrs(DS, row0, TILE: tl.constexpr):
 
 
 @triton.jit
+def _store_ds(DS, DSD, row0, ds, TILE: tl.constexpr, DS_TMA: tl.constexpr):
+    """Store one whole dS tile at scratch row ``row0`` (a bulk tensor copy with ``DS_TMA``)."""
+    if DS_TMA:
+        DSD.store([row0.to(tl.int32), 0], ds)
+    else:
+        tl.store(_ds_tile_ptrs(DS, row0, TILE), ds)
+
+
+@triton.jit
 def _dkdv_ds_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
     h, ds_row0, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
@@ -79,19 +89,11 @@ def _dkdv_ds_tile(
     DS_TMA: tl.constexpr,
 ):
     """One query tile of the fused loop (``_dkdv_tile``, masked, plus the store of the pair's whole dS tile
-    at scratch row ``ds_row0``, zeros where a query sees no key of the tile)."""
+    at scratch row ``ds_row0``, zeros where a query sees no key of the tile). Without bias tables the tile is
+    computed transposed, [keys, queries] (P^T and dS^T feed dV and dK from registers, see ``_dkdv_tile``),
+    and stored so (``KEY_ROWS`` scratch)."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, start, start_m, L, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, True, EVEN_D, USE_TMA, HAS_TIME)
-    tq_min = 0
-    tq_max = 0
-    if HAS_TIME:
-        tq_min, tq_max = min_max(ts_q, m_ok)
-    q_last = tl.minimum(start_m + BLOCK_M, L) - 1
-    s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
-        q, k, offs_m, offs_n, ts_q, ts_k, start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
-        POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ok = visible(offs_m[:, None], offs_n[None, :], L, hist_end, window, CAUSAL, HAS_NT, 0, True) & m_ok[:, None]
     lse = offs_m  # read by softmax only
     delta = offs_m
     if ACT == 0:
@@ -102,23 +104,39 @@ def _dkdv_ds_tile(
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         else:
             delta = load_vec(DELTA + (start + offs_m) * H + h, m_ok, 0.0, True)
+    if not (HAS_POS or HAS_TIME):  # measured on an H200: the fused backward 1.04x faster (W=256, L=4096, softmax)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        ok_t = visible(offs_m[None, :], offs_n[:, None], L, hist_end, window, CAUSAL, HAS_NT, 0, True) & m_ok[None, :]
+        pt, dst = score_grads(st, dpt, lse, delta, ok_t, inv_n, ACT, True, fast_act(do), True)
+        dst_lo = dst.to(q.dtype)
+        _store_ds(DS, DSD, ds_row0, dst_lo, BLOCK_N, DS_TMA)
+        dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
+        dk += tl.dot(dst_lo, q, input_precision=PREC)
+        return dk, dv, dpos, dtime
+    tq_min = 0
+    tq_max = 0
+    if HAS_TIME:
+        tq_min, tq_max = min_max(ts_q, m_ok)
+    q_last = tl.minimum(start_m + BLOCK_M, L) - 1
+    s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
+        q, k, offs_m, offs_n, ts_q, ts_k, start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
+        POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ok = visible(offs_m[:, None], offs_n[None, :], L, hist_end, window, CAUSAL, HAS_NT, 0, True) & m_ok[:, None]
     p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, True, fast_act(do))
     ds_lo = ds.to(q.dtype)
-    if DS_TMA:
-        DSD.store([ds_row0.to(tl.int32), 0], ds_lo)
-    else:
-        tl.store(_ds_tile_ptrs(DS, ds_row0, BLOCK_N), ds_lo)
+    _store_ds(DS, DSD, ds_row0, ds_lo, BLOCK_N, DS_TMA)
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds_lo), q, input_precision=PREC)
-    if HAS_POS or HAS_TIME:
-        total = tl.sum(ds)
-        base = start_m - k_first  # relative position of the tile's first (query, key) pair
-        if HAS_POS:
-            dpos = table_grad_span(dpos, DPOSW, ds, total, offs_m, offs_n, offs_m, offs_n, p_hi - p_lo < SPAN_POS, ok,
-                                   p_lo, p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, True, BLOCK_M, BLOCK_N)
-        if HAS_TIME:
-            dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
-                                    NUM_TIME, TIME_PAD, False, SPAN_TIME, True, BLOCK_M, BLOCK_N)
+    total = tl.sum(ds)
+    base = start_m - k_first  # relative position of the tile's first (query, key) pair
+    if HAS_POS:
+        dpos = table_grad_span(dpos, DPOSW, ds, total, offs_m, offs_n, offs_m, offs_n, p_hi - p_lo < SPAN_POS, ok,
+                               p_lo, p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, True, BLOCK_M, BLOCK_N)
+    if HAS_TIME:
+        dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
+                                NUM_TIME, TIME_PAD, False, SPAN_TIME, True, BLOCK_M, BLOCK_N)
     return dk, dv, dpos, dtime
 
 
@@ -169,9 +187,10 @@ def window_attn_bwd_dq_ds_kernel(
     K, KD, DS, DSD, DQ, OFF, WORK, scale, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr, SLOTS: tl.constexpr,
-    SLOT0: tl.constexpr, DS_TMA: tl.constexpr,
+    SLOT0: tl.constexpr, DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
-    """dq of one query tile: the sum over the key tiles it sees of dS (from the scratch) times K."""
+    """dq of one query tile: the sum over the key tiles it sees of dS (from the scratch) times K.
+    ``KEY_ROWS``: the scratch holds the tiles transposed, [keys, queries] (the fused kernel without tables)."""
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
@@ -191,6 +210,8 @@ def window_attn_bwd_dq_ds_kernel(
             ds = DSD.load([row0.to(tl.int32), 0])
         else:
             ds = tl.load(_ds_tile_ptrs(DS, row0, BLOCK_M))
+        if KEY_ROWS:
+            ds = tl.trans(ds)
         offs_n = start_n + tl.arange(0, BLOCK_M)
         k_rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
         # dS is zero at keys past the row (TMA tiles read the next row's there, finite)

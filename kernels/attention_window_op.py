@@ -186,7 +186,8 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,
         k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], work.shape[0], **dims,
         CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
-        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, num_warps=cfg[1],
+        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=pos_weight is None and time_weight is None,
+        num_warps=cfg[1],
     )
 
 

@@ -95,11 +95,6 @@ def _dkdv_tile(
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_q = shift + offs_m
-    lse = offs_m  # read by softmax only
-    delta = offs_m
-    if ACT == 0:
-        lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
-        delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
     if ACT != 0 and not (HAS_POS or HAS_TIME):
         # The tile computed transposed, [keys, queries] (S^T = K Q^T): P^T and dS^T are then the left operands
         # of dV += P^T dO and dK += dS^T Q straight from registers, where a [queries, keys] tile goes through
@@ -113,7 +108,7 @@ def _dkdv_tile(
             ok_t = visible(pos_q[None, :], offs_n[:, None], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S,
                            HAS_WINDOW)
             ok_t = ok_t & m_ok[None, :]
-        pt, dst = score_grads(st, dpt, lse, delta, ok_t, inv_n, ACT, MASKED, fast_act(do), True)
+        pt, dst = score_grads(st, dpt, offs_m, offs_m, ok_t, inv_n, ACT, MASKED, fast_act(do), True)  # no lse
         dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
         dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
         return dk, dv, dpos, dtime
@@ -130,6 +125,11 @@ def _dkdv_tile(
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
+    lse = offs_m  # read by softmax only
+    delta = offs_m
+    if ACT == 0:
+        lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
+        delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
     p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED, fast_act(do))
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)

@@ -345,6 +345,24 @@ def table_grad_span(acc, DT, ds, total, at_q, at_k, rq, rk, narrow, ok, lo, hi, 
         tl.atomic_add(DT + bucket_tile(at_q, at_k, NUM, IS_POS) * H + h, ds, mask=ok)
     return acc
 
+@triton.jit
+def tile_table_grads(dpos, dtime, DPOSW, DTIMEW, ds, ok, pos_q, pos_k, ts_q, ts_k, p_lo, p_hi, t_lo, t_hi, u, w,
+                     t_narrow, base, h, H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
+                     POS_PAD: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, TIME_PAD: tl.constexpr,
+                     WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [queries, keys] tile's score gradients ``ds`` added into a program's per-bucket sums of both tables
+    (``table_grad_span``); spans and bucket helpers from ``tile_spans``, ``base`` the relative position of the
+    tile's first pair."""
+    total = tl.sum(ds)
+    if HAS_POS:
+        dpos = table_grad_span(dpos, DPOSW, ds, total, pos_q, pos_k, pos_q, pos_k, p_hi - p_lo < SPAN_POS, ok, p_lo,
+                               p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, WIDE, BLOCK_M, BLOCK_N)
+    if HAS_TIME:
+        dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
+                                NUM_TIME, TIME_PAD, False, SPAN_TIME, WIDE, BLOCK_M, BLOCK_N)
+    return dpos, dtime
+
+
 
 @triton.jit
 def near_tiles(mid, end, k_first, k_last, shift, BLOCK_M: tl.constexpr, HAS_POS: tl.constexpr,

@@ -19,15 +19,13 @@ import triton
 import triton.language as tl
 
 from kernels.attention_triton_bias import (
-    SPAN_POS,
-    SPAN_TIME,
     TABLE_PADS,
     add_bias_span,
     flush_table_grad,
     min_max,
     near_tiles,
-    table_grad_span,
     tile_spans,
+    tile_table_grads,
 )
 from kernels.attention_triton_common import (
     config_prune,
@@ -78,6 +76,17 @@ def _scores(q, k, pos_q, pos_k, ts_q, ts_k, q_first, q_last, k_first, k_last, tq
 
 
 @triton.jit
+def _softmax_stats(LSE, DELTA, q_start, offs_m, m_ok, h, H: tl.constexpr, ACT: tl.constexpr, MASKED: tl.constexpr):
+    """(log-sum-exp, delta) of the queries ``offs_m`` for softmax's backward (placeholders for pointwise ones)."""
+    lse = offs_m
+    delta = offs_m
+    if ACT == 0:
+        lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
+        delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
+    return lse, delta
+
+
+@triton.jit
 def _dkdv_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, m_end, shift, kv_len,
     hist_end, window, q_start, h,
@@ -95,12 +104,12 @@ def _dkdv_tile(
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     pos_q = shift + offs_m
-    if ACT != 0 and not (HAS_POS or HAS_TIME):
-        # The tile computed transposed, [keys, queries] (S^T = K Q^T): P^T and dS^T are then the left operands
-        # of dV += P^T dO and dK += dS^T Q straight from registers, where a [queries, keys] tile goes through
-        # shared memory before each of the two products. Measured on an H200 (batch A, backward op): causal
-        # silu 1.09x faster; softmax 1.00x causal, 0.97x non-causal, so softmax keeps the [queries, keys] tile.
-        # Not with bias tables, whose helpers work on [queries, keys] tiles.
+    if not (HAS_POS or HAS_TIME):
+        # Without bias tables the tile is computed transposed, [keys, queries] (S^T = K Q^T): P^T and dS^T are
+        # then the left operands of dV += P^T dO and dK += dS^T Q straight from registers, where a [queries,
+        # keys] tile goes through shared memory before each of the two products (fewer spills too). Measured on
+        # an H200 (backward op, benchmarks/RESULTS.md): batch A causal silu 1.08-1.09x, softmax unchanged.
+        # The bias tables' helpers work on [queries, keys] tiles.
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
         ok_t = tl.full([BLOCK_N, BLOCK_M], 1, tl.int1)
@@ -108,7 +117,8 @@ def _dkdv_tile(
             ok_t = visible(pos_q[None, :], offs_n[:, None], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S,
                            HAS_WINDOW)
             ok_t = ok_t & m_ok[None, :]
-        pt, dst = score_grads(st, dpt, offs_m, offs_m, ok_t, inv_n, ACT, MASKED, fast_act(do), True)  # no lse
+        lse, delta = _softmax_stats(LSE, DELTA, q_start, offs_m, m_ok, h, H, ACT, MASKED)
+        pt, dst = score_grads(st, dpt, lse, delta, ok_t, inv_n, ACT, MASKED, fast_act(do), True)
         dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
         dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
         return dk, dv, dpos, dtime
@@ -125,22 +135,13 @@ def _dkdv_tile(
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
         ok = ok & m_ok[:, None]
-    lse = offs_m  # read by softmax only
-    delta = offs_m
-    if ACT == 0:
-        lse = load_vec(LSE + (q_start + offs_m) * H + h, m_ok, float("inf"), MASKED)
-        delta = load_vec(DELTA + (q_start + offs_m) * H + h, m_ok, 0.0, MASKED)
+    lse, delta = _softmax_stats(LSE, DELTA, q_start, offs_m, m_ok, h, H, ACT, MASKED)  # late: fewer live registers
     p, ds = score_grads(s, dp, lse, delta, ok, inv_n, ACT, MASKED, fast_act(do))
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-    total = tl.sum(ds)
-    base = shift + start_m - k_first  # relative position of the tile's first (query, key) pair
-    if HAS_POS:
-        dpos = table_grad_span(dpos, DPOSW, ds, total, pos_q, offs_n, pos_q, offs_n, p_hi - p_lo < SPAN_POS, ok,
-                               p_lo, p_hi, base, h, H, NUM_POS, POS_PAD, True, SPAN_POS, WIDE, BLOCK_M, BLOCK_N)
-    if HAS_TIME:
-        dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
-                                NUM_TIME, TIME_PAD, False, SPAN_TIME, WIDE, BLOCK_M, BLOCK_N)
+    dpos, dtime = tile_table_grads(dpos, dtime, DPOSW, DTIMEW, ds, ok, pos_q, offs_n, ts_q, ts_k, p_lo, p_hi, t_lo,
+                                   t_hi, u, w, t_narrow, shift + start_m - k_first, h, H, HAS_POS, NUM_POS, POS_PAD,
+                                   HAS_TIME, NUM_TIME, TIME_PAD, WIDE, BLOCK_M, BLOCK_N)
     return dk, dv, dpos, dtime
 
 

@@ -345,6 +345,7 @@ def table_grad_span(acc, DT, ds, total, at_q, at_k, rq, rk, narrow, ok, lo, hi, 
         tl.atomic_add(DT + bucket_tile(at_q, at_k, NUM, IS_POS) * H + h, ds, mask=ok)
     return acc
 
+
 @triton.jit
 def tile_table_grads(dpos, dtime, DPOSW, DTIMEW, ds, ok, pos_q, pos_k, ts_q, ts_k, p_lo, p_hi, t_lo, t_hi, u, w,
                      t_narrow, base, h, H: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
@@ -361,7 +362,6 @@ def tile_table_grads(dpos, dtime, DPOSW, DTIMEW, ds, ok, pos_q, pos_k, ts_q, ts_
         dtime = table_grad_span(dtime, DTIMEW, ds, total, ts_q, ts_k, u, w, t_narrow, ok, t_lo, t_hi, base, h, H,
                                 NUM_TIME, TIME_PAD, False, SPAN_TIME, WIDE, BLOCK_M, BLOCK_N)
     return dpos, dtime
-
 
 
 @triton.jit

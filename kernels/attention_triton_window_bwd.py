@@ -86,7 +86,7 @@ def _dkdv_ds_tile(
     HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
     POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, DELTA_INLINE: tl.constexpr,
-    DS_TMA: tl.constexpr,
+    DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
     """One query tile of the fused loop (``_dkdv_tile``, masked, plus the store of the pair's whole dS tile
     at scratch row ``ds_row0``, zeros where a query sees no key of the tile). Without bias tables the tile is
@@ -104,7 +104,7 @@ def _dkdv_ds_tile(
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         else:
             delta = load_vec(DELTA + (start + offs_m) * H + h, m_ok, 0.0, True)
-    if not (HAS_POS or HAS_TIME):  # on an H200 the fused backward ran 1.04-1.05x faster so (W=256, L=4096, softmax)
+    if KEY_ROWS:  # on an H200 the fused backward ran 1.04-1.05x faster so (W=256, L=4096, softmax)
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
         ok_t = visible(offs_m[None, :], offs_n[:, None], L, hist_end, window, CAUSAL, HAS_NT, 0, True) & m_ok[None, :]
@@ -144,9 +144,11 @@ def window_attn_bwd_dkdv_ds_kernel(
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, POS_PAD: tl.constexpr,
     TIME_PAD: tl.constexpr, DELTA_INLINE: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
-    DS_TMA: tl.constexpr,
+    DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
-    """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring)."""
+    """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring).
+    ``KEY_ROWS`` (set by ``attention_window_op`` without bias tables): [keys, queries] tiles, stored so."""
+    tl.static_assert(not (KEY_ROWS and (HAS_POS or HAS_TIME)), "[keys, queries] tiles take no bias tables")
     row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return
@@ -172,7 +174,7 @@ def window_attn_bwd_dkdv_ds_kernel(
             h, _ds_row0(h, start_m // BLOCK_M - j + SLOT0, item_j + j - start_m // BLOCK_M, n_items, SLOTS, BLOCK_N),
             Q, DO, OUT, QD, DOD, OD, LSE, DELTA, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
             bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
-            TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA)
+            TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA, KEY_ROWS)
     store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
                     POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)
 

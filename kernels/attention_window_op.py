@@ -177,17 +177,18 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
         delta = softmax_delta(out, do, offsets, work, tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
     del meta["ONE_LOOP"]
+    # Without bias tables the fused kernel computes (and stores) [keys, queries] tiles, which its dq kernel reads.
+    rows_of_keys = pos_weight is None and time_weight is None
     triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
         q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, ds_desc,
         dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta, DELTA_INLINE=inline,
-        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma,
+        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys,
     )
     cfg = CONFIG["dsq"]
     triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,
         k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], work.shape[0], **dims,
         CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
-        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=pos_weight is None and time_weight is None,
-        num_warps=cfg[1],
+        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, num_warps=cfg[1],
     )
 
 

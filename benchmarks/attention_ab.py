@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `benchmarks` importable
 from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of  # noqa: E402
@@ -38,8 +39,6 @@ def _load(path: Path) -> ModuleType:
 
 
 def _is_kernel(obj) -> bool:
-    import triton
-
     return isinstance(obj, triton.runtime.KernelInterface)
 
 
@@ -95,8 +94,10 @@ def _cases() -> dict[str, Callable[[], tuple]]:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or not torch.cuda.is_available():
+    if not argv or argv[0] in ("-h", "--help"):
         sys.exit(__doc__)
+    if not torch.cuda.is_available():
+        sys.exit("attention_ab.py times kernels on a GPU: no CUDA device here")
     opts = dict(a.split("=", 1) for a in argv[1:])
     calls, rounds = int(opts.get("calls", 5)), int(opts.get("rounds", 4))
     arms = Arms(base_swaps(Path(argv[0])))

@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -384,18 +385,9 @@ def fp8(name: str = "A") -> list[str]:
     """
     from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
 
-    B, max_len, H, D = BATCHES[name]
-    lens = lengths(B, max_len)
-    offs = offsets_of(lens)
-    T = int(lens.sum())
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda n: torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    q, k, v = mk(T), mk(T), mk(T)
-    qc = mk(16 * B)
-    qo_c = offsets_of(torch.full((B,), 16, dtype=torch.int64))
-    ts = torch.randint(0, 3600, (T,), device="cuda", generator=g).cumsum(0)
-    pos_w = torch.randn(NUM_POS, H, device="cuda", generator=g) * 0.1
-    time_w = torch.randn(NUM_TIME, H, device="cuda", generator=g) * 0.1
+    x = fp8_inputs(name)
+    B, max_len, H, D, T = x.B, x.max_len, x.H, x.D, x.T
+    offs, q, k, v, qc, qo_c, ts, pos_w, time_w = x.offs, x.q, x.k, x.v, x.qc, x.qo_c, x.ts, x.pos_w, x.time_w
     rows = [f"### FP8 attention forward, batch {name}: B={B}, max_len={max_len}, H={H}, D={D}, ΣL={T}, "
             "inputs bf16", "",
             "| case | bf16 fwd ms | fp8 fwd ms (with quantize) | fp8 kernel ms | quantize ms | quantize GPU ms | "
@@ -431,6 +423,25 @@ def fp8(name: str = "A") -> list[str]:
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     return rows
+
+
+def fp8_inputs(name: str) -> SimpleNamespace:
+    """The FP8 sections' bf16 inputs on batch ``name``: q, k, v [T, H, D] over ``offs``; 16 queries per row for
+    cross attention (``qc`` over ``qo_c``); timestamps and bias tables; ``mk(n)`` draws more from the same
+    generator."""
+    B, max_len, H, D = BATCHES[name]
+    lens = lengths(B, max_len)
+    T = int(lens.sum())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda n: torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v = mk(T), mk(T), mk(T)
+    qc = mk(16 * B)
+    ts = torch.randint(0, 3600, (T,), device="cuda", generator=g).cumsum(0)
+    return SimpleNamespace(
+        B=B, max_len=max_len, H=H, D=D, T=T, offs=offsets_of(lens), q=q, k=k, v=v, qc=qc,
+        qo_c=offsets_of(torch.full((B,), 16, dtype=torch.int64)), ts=ts,
+        pos_w=torch.randn(NUM_POS, H, device="cuda", generator=g) * 0.1,
+        time_w=torch.randn(NUM_TIME, H, device="cuda", generator=g) * 0.1, mk=mk)
 
 
 @torch.no_grad()

@@ -3,12 +3,13 @@
 Compiles the Triton kernels that one forward+backward of ``jagged_attention`` launches (no launch: the
 kernels are compiled for an H100/H200 target and never run), then prints one row per kernel: registers,
 spill bytes, shared memory, and what the compiled code holds (Hopper tensor-core ops ``HGMMA`` in SASS,
-local-memory traffic ``LDL``/``STL``, and in the TTGIR the ``local_alloc`` ops that stage a register tile
+FP8 tensor-core ops ``QGMMA``, local-memory traffic ``LDL``/``STL``, and in the TTGIR the ``local_alloc`` ops that stage a register tile
 through shared memory). What a GPU run costs in device time, this reads for free: whether a change
 removed a shared-memory round trip, added spills, or kept the tensor-core ops.
 
     python benchmarks/kernel_resources.py                      # batch-A-like call: causal softmax, D=128
     python benchmarks/kernel_resources.py mask=window:256 act=silu d=64 bias=1 dtype=fp16
+    python benchmarks/kernel_resources.py precision=fp8            # FP8 forward and FP8 score products backward
 
 Needs the Triton the GPU machine runs (its ptxas and the kernels' source), not a GPU: the script installs
 a stand-in driver that reports an sm_90 target. Set GEMTRAIN_ATTN_AUTOTUNE=0 (the default here) so each
@@ -98,14 +99,14 @@ def _sass_counts(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True).stdout
-    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "LDL", "STL", "BAR")}
+    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "LDL", "STL", "BAR")}
 
 
 def _parse(argv: list[str]) -> dict:
     if any(a in ("-h", "--help") for a in argv):
         sys.exit(__doc__)
     opts = {"mask": "causal", "act": "softmax", "d": "128", "h": "8", "bias": "0", "dtype": "bf16", "rows": "8",
-            "len": "300"}
+            "len": "300", "precision": "bf16"}
     for a in argv:
         k, _, v = a.partition("=")
         if k not in opts:
@@ -135,17 +136,21 @@ def main(argv: list[str]) -> None:
         kwargs["bias"] = RelativeBias(pos_weight=torch.zeros(129, h, requires_grad=True),
                                       time_weight=torch.zeros(32, h, requires_grad=True),
                                       q_timestamps=ts, kv_timestamps=ts)
-    from kernels import attention_op
+    from kernels import attention_fp8_op, attention_op
 
-    out = attention_op.jagged_attention_triton(
-        q, k, v, offsets, offsets, scale=d**-0.5, bias=kwargs.pop("bias", None), block_size=kwargs.pop("block_size", None),
-        window=kwargs.pop("window", None), num_targets=None, pointwise_norm="row", max_q_len=length,
-        max_kv_len=length, **kwargs)
+    call = dict(scale=d**-0.5, bias=kwargs.pop("bias", None), block_size=kwargs.pop("block_size", None),
+                window=kwargs.pop("window", None), num_targets=None, pointwise_norm="row", max_q_len=length,
+                max_kv_len=length, **kwargs)
+    if opts["precision"] == "fp8":
+        out = attention_fp8_op.jagged_attention_fp8_triton(q, k, v, offsets, offsets, quant_block=128,
+                                                         fp8_backward=True, **call)
+    else:
+        out = attention_op.jagged_attention_triton(q, k, v, offsets, offsets, **call)
     out.backward(torch.ones_like(out))
 
     print(f"sm_{ARCH}a, triton {triton.__version__}, {opts}")
-    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | LDL | STL | local_alloc (ttgir) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | QGMMA | LDL | STL | local_alloc (ttgir) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in compiled:
         if c is None:
             continue
@@ -154,7 +159,7 @@ def main(argv: list[str]) -> None:
         sass = _sass_counts(c.asm["cubin"])
         allocs = len(re.findall(r"ttg\.local_alloc", c.asm["ttgir"]))
         print(f"| {md.name} | {md.num_warps} | {md.num_stages} | {res['regs']} | {res['spill']} | {md.shared} | "
-              f"{sass['HGMMA']} | {sass['LDL']} | {sass['STL']} | {allocs} |")
+              f"{sass['HGMMA']} | {sass['QGMMA']} | {sass['LDL']} | {sass['STL']} | {allocs} |")
         dump = os.environ.get("KERNEL_RESOURCES_DUMP")
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)

@@ -80,8 +80,9 @@ def jagged_attention(
     ``scale`` defaults to ``1/sqrt(D)``. ``max_q_len`` / ``max_kv_len`` are optional upper bounds of the
     row lengths (they pick the kernel configuration without a device sync). ``impl``: ``"auto"`` (Triton
     on CUDA, reference on CPU), ``"triton"`` or ``"ref"``; None uses the ``attention_impl`` context.
-    ``precision``: ``"bf16"`` (inputs' dtype) or ``"fp8"`` (QK^T and PV in e4m3 with block scales:
-    ``kernels.attention_fp8``).
+    ``precision``: ``"bf16"`` (inputs' dtype), ``"fp8"`` (the forward's QK^T and PV in e4m3 with block scales,
+    a straight-through bf16 backward) or ``"fp8_fwd_bwd"`` (the backward's score products QK^T and dO V^T in
+    e4m3 too): ``kernels.attention_fp8``.
     """
     if precision != "bf16":
         from kernels.attention_fp8 import check_precision, jagged_attention_fp8
@@ -91,6 +92,7 @@ def jagged_attention(
             q, k, v, q_offsets, kv_offsets, activation=activation, causal=causal, scale=scale, bias=bias,
             block_size=block_size, window=window, max_q_len=max_q_len, max_kv_len=max_kv_len,
             num_targets=num_targets, pointwise_norm=pointwise_norm, impl=impl,
+            fp8_backward=precision == "fp8_fwd_bwd",
         )
     _check(q, k, v, q_offsets, kv_offsets, activation, bias, block_size, window, num_targets, pointwise_norm)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -1,4 +1,5 @@
-"""FP8 jagged attention: QK^T and PV in e4m3 with power-of-two block scales (forward), bf16 backward.
+"""FP8 jagged attention: QK^T and PV in e4m3 with power-of-two block scales (forward), and optionally the
+backward's score products.
 
 Recipe (arithmetic of the Triton kernel ``kernels.attention_fp8_triton`` and of the reference here):
 
@@ -12,8 +13,14 @@ Recipe (arithmetic of the Triton kernel ``kernels.attention_fp8_triton`` and of 
 * Accumulation in fp32; the output has the input dtype. Semantics (masks, bias, activations): those of
   ``kernels.attention_spec``.
 
-Backward: the gradients are those of the high-precision attention evaluated at the unquantized q, k, v
-(straight-through), computed by the bf16 backward kernels from the FP8 forward's output and log-sum-exp.
+Backward (``fp8_backward=False``, ``precision="fp8"``): the gradients are those of the high-precision attention
+evaluated at the unquantized q, k, v (straight-through), computed by the bf16 backward kernels from the FP8
+forward's output and log-sum-exp. With ``fp8_backward=True`` (``precision="fp8_fwd_bwd"``) the same kernels
+compute their two score products in e4m3: S = QK^T from the forward's codes of q and k, dP = dO V^T from
+dO quantized in q's blocks and V's codes (row-major, written by the forward's quantize launch). P (softmax:
+``exp(S - lse)`` with the forward's log-sum-exp) and dS stay fp32 in registers, and dV = P^T dO, dQ = dS K,
+dK = dS^T Q are bf16 products with the unquantized dO, K and Q (``jagged_attention_fp8_bwd_ref`` is this
+arithmetic in float64). The reference path (CPU) runs that function as its backward.
 
 ``jagged_attention_fp8_ref`` runs the same quantized arithmetic in PyTorch: quantize -> dequantize ->
 ``jagged_attention_ref`` (with ``quantize_p=False``), or, with ``quantize_p=True`` (default), a padded
@@ -44,7 +51,7 @@ LOG2_P_SCALE = math.log2(P_SCALE)
 # Input scale exponents are clamped to [-63, 63], so the ratio of two scales is a normal fp32 number.
 SCALE_EXP_LIMIT = 63
 LOG2E = 1.4426950408889634
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "fp8", "fp8_fwd_bwd")  # jagged_attention's: fp8 forward; fp8 forward and backward
 
 
 @dataclass
@@ -170,16 +177,8 @@ def _tiled_ref(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: T
         if mk == 0:
             pieces.append(q[q_off[rows.start]:q_off[rows.stop]] * 0)
             continue
-        qi, qvalid = _pad_index(q_off, rows, mq, dev)
-        ki, _ = _pad_index(kv_off, rows, mk, dev)
-        lq_t = torch.tensor(lq, device=dev)[:, None, None]
-        lk_t = torch.tensor(lk, device=dev)[:, None, None]
-        hist_end = lk_t - torch.tensor([nt[b] for b in rows], device=dev)[:, None, None]
-        q_pos = lk_t - lq_t + torch.arange(mq, device=dev)[None, :, None]
-        k_pos = torch.arange(mk, device=dev)[None, None, :]
-        mask = visible_mask(q_pos, k_pos, lk_t, causal=causal, hist_end=hist_end,
-                            block_size=block_size, window=window)
-        mask = (mask & qvalid[:, :, None])[:, None]  # [n, 1, Lq, Lkv]
+        qi, qvalid, ki, _, lk_t, q_pos, k_pos, mask = _chunk_layout(q_off, kv_off, nt, rows, causal, block_size,
+                                                                    window, dev)
         qp, kp, vp = q[qi], k[ki], v[ki]
         s = torch.einsum("nihd,njhd->nhij", qp, kp) * qk_scale
         if bias is not None and not bias.is_empty:
@@ -215,8 +214,115 @@ def _tiled_ref(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: T
     return torch.cat(pieces, dim=0)
 
 
+def _chunk_layout(q_off: list[int], kv_off: list[int], nt: list[int], rows: range, causal: bool,
+                  block_size: int | None, window: int | None, dev: torch.device) -> tuple:
+    """Padded layout of a chunk of rows: (query index [n, Lq], valid queries, key index [n, Lkv], valid keys,
+    key lengths [n, 1, 1], query and key positions, visibility [n, 1, Lq, Lkv])."""
+    lq = [q_off[b + 1] - q_off[b] for b in rows]
+    lk = [kv_off[b + 1] - kv_off[b] for b in rows]
+    mq, mk = max(lq), max(lk)
+    qi, qvalid = _pad_index(q_off, rows, mq, dev)
+    ki, kvalid = _pad_index(kv_off, rows, mk, dev)
+    lq_t = torch.tensor(lq, device=dev)[:, None, None]
+    lk_t = torch.tensor(lk, device=dev)[:, None, None]
+    hist_end = lk_t - torch.tensor([nt[b] for b in rows], device=dev)[:, None, None]
+    q_pos = lk_t - lq_t + torch.arange(mq, device=dev)[None, :, None]
+    k_pos = torch.arange(mk, device=dev)[None, None, :]
+    mask = visible_mask(q_pos, k_pos, lk_t, causal=causal, hist_end=hist_end, block_size=block_size, window=window)
+    return qi, qvalid, ki, kvalid, lk_t, q_pos, k_pos, (mask & qvalid[:, :, None])[:, None]
+
+
+def jagged_attention_fp8_bwd_ref(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
+    activation: str = "softmax", causal: bool = False, scale: float | None = None,
+    bias: RelativeBias | None = None, block_size: int | None = None, window: int | None = None,
+    num_targets: Tensor | None = None, pointwise_norm: str | int = "row", quant_block: int = DEFAULT_QUANT_BLOCK,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The FP8 backward's arithmetic in float64 (the reference of ``jagged_attn_fp8_bwd``): S from the codes of
+    q and k, dP from those of dO and v (dO in q's blocks), softmax's delta from dO and ``out`` (the FP8
+    forward's output); dV = P^T dO, dQ = dS K, dK = dS^T Q from the unquantized dO, q, k.
+    Returns (dq, dk, dv, position-table gradient, time-table gradient)."""
+    with torch.enable_grad():  # the activation's derivative and the tables' gradients come from autograd
+        return _fp8_bwd_ref(do, q, k, v, out, q_offsets, kv_offsets, activation, causal, scale, bias, block_size,
+                            window, num_targets, pointwise_norm, quant_block)
+
+
+def _fp8_bwd_ref(do, q, k, v, out, q_offsets, kv_offsets, activation, causal, scale, bias, block_size, window,
+                 num_targets, pointwise_norm, quant_block):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    deq = lambda x, off: dequantize_jagged(quantize_jagged(x, off, quant_block), off, quant_block, torch.float64)
+    qd, kd, vd, dod = deq(q, q_offsets), deq(k, kv_offsets), deq(v, kv_offsets), deq(do, q_offsets)
+    q64, k64, do64 = q.double(), k.double(), do.double()
+    delta_tok = (do64 * out.double()).sum(-1)  # [ΣLq, H]
+    has_bias = bias is not None and not bias.is_empty
+    tables = {}
+    if has_bias:
+        tables = {name: getattr(bias, name).detach().double().requires_grad_()
+                  for name in ("pos_weight", "time_weight") if getattr(bias, name) is not None}
+        bias = RelativeBias(tables.get("pos_weight"), tables.get("time_weight"), bias.q_timestamps,
+                            bias.kv_timestamps)
+    dq, dk, dv = torch.zeros_like(q64), torch.zeros_like(k64), torch.zeros_like(k64)
+    q_off = [int(x) for x in q_offsets.tolist()]
+    kv_off = [int(x) for x in kv_offsets.tolist()]
+    nt = [0] * (len(q_off) - 1) if num_targets is None else [int(x) for x in num_targets.tolist()]
+    for rows in _chunk_rows(q_off, kv_off, q.shape[1]):
+        if max(q_off[b + 1] - q_off[b] for b in rows) == 0 or max(kv_off[b + 1] - kv_off[b] for b in rows) == 0:
+            continue
+        qi, qvalid, ki, kvalid, lk_t, q_pos, k_pos, mask = _chunk_layout(q_off, kv_off, nt, rows, causal,
+                                                                         block_size, window, q.device)
+        s = torch.einsum("nihd,njhd->nhij", qd[qi], kd[ki]) * scale
+        if has_bias:
+            s = s + _bias(bias, q_pos, k_pos, qi, ki)
+        dp = torch.einsum("nihd,njhd->nhij", dod[qi], vd[ki])
+        sd = s.detach()
+        if activation == "softmax":
+            sm = sd.masked_fill(~mask, float("-inf"))
+            lse = torch.logsumexp(sm, -1, keepdim=True)
+            p = torch.where(mask, torch.exp(sm - torch.where(lse.isfinite(), lse, torch.zeros_like(lse))), 0.0)
+            ds = p * (dp - delta_tok[qi].permute(0, 2, 1)[..., None])
+        else:
+            n = lk_t.clamp_min(1).double()[:, None] if pointwise_norm == "row" else float(pointwise_norm)
+            leaf = sd.requires_grad_()
+            a = _act(leaf, activation)
+            (da,) = torch.autograd.grad(a, leaf, torch.ones_like(a))
+            p = torch.where(mask, a.detach() / n, 0.0)
+            ds = torch.where(mask, dp * da / n, 0.0)
+        if has_bias:
+            s.backward(ds)  # through the gathered bias alone: the table gradients
+        valid_q, valid_k = qvalid[:, :, None, None], kvalid[:, :, None, None]
+        dv.index_add_(0, ki[kvalid], torch.einsum("nhij,nihd->njhd", p, do64[qi] * valid_q)[kvalid])
+        dk.index_add_(0, ki[kvalid], scale * torch.einsum("nhij,nihd->njhd", ds, q64[qi] * valid_q)[kvalid])
+        dq.index_add_(0, qi[qvalid], scale * torch.einsum("nhij,njhd->nihd", ds, k64[ki] * valid_k)[qvalid])
+    grad = lambda name: None if name not in tables else (
+        tables[name].grad if tables[name].grad is not None else torch.zeros_like(tables[name]))
+    return dq, dk, dv, grad("pos_weight"), grad("time_weight")
+
+
 def _act(s: Tensor, activation: str) -> Tensor:
     return F.silu(s) if activation == "silu" else F.gelu(s, approximate="tanh")
+
+
+class _Fp8BackwardRef(torch.autograd.Function):
+    """The reference path with ``fp8_backward``: the emulated forward, and ``jagged_attention_fp8_bwd_ref``
+    (the FP8 backward kernels' arithmetic) as its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos_weight, time_weight, q_offsets, kv_offsets, bias, opts):
+        with torch.no_grad():
+            out = jagged_attention_fp8_ref(q, k, v, q_offsets, kv_offsets, bias=bias, **opts)
+        ctx.save_for_backward(q, k, v, out, q_offsets, kv_offsets)
+        ctx.bias, ctx.opts = bias, opts
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, q_offsets, kv_offsets = ctx.saved_tensors
+        dq, dk, dv, dpos, dtime = jagged_attention_fp8_bwd_ref(dout, q, k, v, out, q_offsets, kv_offsets,
+                                                               bias=ctx.bias, **ctx.opts)
+        cast = lambda g, like: None if g is None or like is None else g.to(like.dtype)
+        pos_w, time_w = (None, None) if ctx.bias is None else (ctx.bias.pos_weight, ctx.bias.time_weight)
+        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dpos, pos_w), cast(dtime, time_w), None, None, None,
+                None)
 
 
 def check_precision(precision: str, where: str) -> None:
@@ -230,12 +336,13 @@ def jagged_attention_fp8(
     bias: RelativeBias | None = None, block_size: int | None = None, window: int | None = None,
     max_q_len: int | None = None, max_kv_len: int | None = None, num_targets: Tensor | None = None,
     pointwise_norm: str | int = "row", impl: str | None = None, quant_block: int = DEFAULT_QUANT_BLOCK,
-    v_transposed: bool = True,
+    v_transposed: bool = True, fp8_backward: bool = False,
 ) -> Tensor:
     """``kernels.jagged_attention`` with QK^T and PV in FP8 (same arguments; ``quant_block`` 64 or 128).
 
     ``impl``: ``"auto"`` (Triton on CUDA, the emulating reference on CPU), ``"triton"`` or ``"ref"``.
     ``v_transposed``: the Triton kernel reads V from a ``[H * D, tokens]`` e4m3 copy (same numbers).
+    ``fp8_backward``: the backward's score products in e4m3 too (module docstring); else straight-through bf16.
     """
     from kernels.attention import _check
 
@@ -249,19 +356,22 @@ def jagged_attention_fp8(
     if chosen == "auto":
         chosen = "triton" if q.is_cuda else "ref"
     if chosen == "ref":
-        return jagged_attention_fp8_ref(
-            q, k, v, q_offsets, kv_offsets, activation=activation, causal=causal, scale=scale, bias=bias,
-            block_size=block_size, window=window, num_targets=num_targets, pointwise_norm=pointwise_norm,
-            quant_block=quant_block,
-        )
+        opts = dict(activation=activation, causal=causal, scale=scale, block_size=block_size, window=window,
+                    num_targets=num_targets, pointwise_norm=pointwise_norm, quant_block=quant_block)
+        if fp8_backward and torch.is_grad_enabled():
+            bias = bias if bias is not None and not bias.is_empty else None
+            tables = (None, None) if bias is None else (bias.pos_weight, bias.time_weight)
+            return _Fp8BackwardRef.apply(q, k, v, *tables, q_offsets, kv_offsets, bias, opts)
+        return jagged_attention_fp8_ref(q, k, v, q_offsets, kv_offsets, bias=bias, **opts)
     from kernels.attention_fp8_op import jagged_attention_fp8_triton
 
     return jagged_attention_fp8_triton(
         q, k, v, q_offsets, kv_offsets, activation=activation, causal=causal, scale=scale, bias=bias,
         block_size=block_size, window=window, num_targets=num_targets, pointwise_norm=pointwise_norm,
         max_q_len=max_q_len, max_kv_len=max_kv_len, quant_block=quant_block,
-        v_transposed=v_transposed,
+        v_transposed=v_transposed, fp8_backward=fp8_backward,
     )
 
 
-__all__ = ["Fp8Jagged", "dequantize_jagged", "jagged_attention_fp8", "jagged_attention_fp8_ref", "quantize_jagged"]
+__all__ = ["Fp8Jagged", "dequantize_jagged", "jagged_attention_fp8", "jagged_attention_fp8_bwd_ref",
+           "jagged_attention_fp8_ref", "quantize_jagged"]

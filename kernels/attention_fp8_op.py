@@ -1,10 +1,12 @@
-"""FP8 jagged attention as a ``torch.library`` custom op (``gemtrain::jagged_attn_fp8_fwd``).
+"""FP8 jagged attention as ``torch.library`` custom ops (``gemtrain::jagged_attn_fp8_fwd`` / ``_bwd``).
 
-The op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for the
-three) and runs the FP8 forward kernel.
-Its autograd backward is the bf16 path's ``gemtrain::jagged_attn_bwd`` on the unquantized q, k, v with the
-FP8 forward's output and log-sum-exp (straight-through gradients; see ``kernels.attention_fp8``), on the
-forward's list of query tiles.
+The forward op quantizes q, k, v (Triton twin of ``kernels.attention_fp8.quantize_jagged``, one launch for the
+three) and runs the FP8 forward kernel. With ``fp8_backward`` it also returns the row-major codes and scales
+of q, k and v, and its autograd backward is ``gemtrain::jagged_attn_fp8_bwd``: dO quantized in the same blocks,
+the bf16 backward kernels with their two score products (S = QK^T, dP = dO V^T) on those codes
+(``attention_triton_bwd``, ``FP8``). Without it the backward is the bf16 path's ``gemtrain::jagged_attn_bwd``
+on the unquantized q, k, v (straight-through gradients; see ``kernels.attention_fp8``). Both take the FP8
+forward's output and log-sum-exp, and its list of query tiles.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from kernels.attention_fp8_triton import (
     quant_plan_kernel,
 )
 from kernels.attention_op import (
+    _NON_TENSOR,
+    ScoreCodes,
+    _backward_call,
+    _bwd_flops,
     _launch_key,
     _len_key,
     _meta,
@@ -32,8 +38,11 @@ from kernels.attention_op import (
     _plan,
     _ptr,
     _unset,
-    bf16_autograd,
+    attention_op,
+    backward_launches,
     descriptors_pay,
+    eager_call,
+    no_token_grads,
     work_list,
 )
 from kernels.attention_spec import RelativeBias
@@ -147,22 +156,30 @@ def quantize_jagged_triton(x: Tensor, offsets: Tensor, block: int, transposed: b
     return _results(data, scale, plan, data_t)
 
 
-def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
-                 v_transposed: bool) -> tuple[Fp8Jagged, Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
-    """``quantize_jagged_triton`` of q, k and v (v transposed alone when ``v_transposed``) in one launch."""
-    kv_plan = quant_plan(kv_offsets, block, k.shape[0])  # K and V share the layout, and Q in self-attention
+def quant_plans(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int
+                ) -> tuple[QuantPlan, QuantPlan]:
+    """(query layout's plan, key layout's plan): one, shared, in self-attention."""
+    kv_plan = quant_plan(kv_offsets, block, k.shape[0])
     self_attn = q_offsets.data_ptr() == kv_offsets.data_ptr() and q.shape[0] == k.shape[0]
-    q_plan = kv_plan if self_attn else quant_plan(q_offsets, block, q.shape[0])
+    return (kv_plan if self_attn else quant_plan(q_offsets, block, q.shape[0])), kv_plan
+
+
+def quantize_qkv(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
+                 v_transposed: bool, v_row_major: bool = False
+                 ) -> tuple[Fp8Jagged, Fp8Jagged, Fp8Jagged, TransposedCodes | None]:
+    """``quantize_jagged_triton`` of q, k and v in one launch: v transposed alone when ``v_transposed``, in both
+    layouts when ``v_row_major`` too (the backward's dP product reads it row-major)."""
+    q_plan, kv_plan = quant_plans(q, k, q_offsets, kv_offsets, block)
     qd, qs, _ = _outputs(q, q_offsets, block, False, True)
     kd, ks, _ = _outputs(k, kv_offsets, block, False, True)
-    vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, False)
+    vd, vs, vt = _outputs(v, kv_offsets, block, v_transposed, v_row_major)
     items = max(q_plan.n_items, kv_plan.n_items)
     if items > 0:
         triton_launch.run(jagged_quant_qkv_kernel, (items * q.shape[1], 3),
             q.contiguous(), k.contiguous(), v.contiguous(), qd, kd, vd, vd if vt is None else vt, qs, ks, vs,
             q_offsets, kv_offsets, q_plan.block_offsets, kv_plan.block_offsets, q_plan.work, kv_plan.work,
             kv_plan.columns, q_plan.n_items, kv_plan.n_items, 0 if vt is None else vt.stride(0),
-            V_TRANSPOSED=v_transposed, **_quant_meta(q, block),
+            V_TRANSPOSED=v_transposed, V_ROW_MAJOR=v_row_major or not v_transposed, **_quant_meta(q, block),
         )
     vq, v_codes = _results(vd, vs, kv_plan, vt)
     return _results(qd, qs, q_plan)[0], _results(kd, ks, kv_plan)[0], vq, v_codes
@@ -220,26 +237,103 @@ def jagged_attn_fp8_fwd(
     num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
     q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int, quant_block: int, v_transposed: bool, work: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+    q_len_hint: int, quant_block: int, v_transposed: bool, fp8_backward: bool, work: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(out, lse, then for ``fp8_backward`` the codes and scales of q, k and v, row-major; else empty)."""
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
-        return torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
-    qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed)
-    return fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
-                             q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
-                             len_key, q_len_hint, quant_block, work)
+        out, lse = torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
+        return out, lse, *_no_codes(q, k, v, q_offsets, kv_offsets, quant_block, False)
+    qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed, fp8_backward)
+    out, lse = fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight,
+                                 time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
+                                 window, norm, len_key, q_len_hint, quant_block, work)
+    if not fp8_backward:
+        return out, lse, *_no_codes(q, k, v, q_offsets, kv_offsets, quant_block, False)
+    return out, lse, qq.data, qq.scale, kq.data, kq.scale, vq.data, vq.scale
+
+
+def _no_codes(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
+              shaped: bool) -> tuple[Tensor, ...]:
+    """The forward op's code outputs: empty, or (``shaped``) buffers of their shapes (fake tensors)."""
+    f8 = torch.float8_e4m3fn
+
+    def pair(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+        if not shaped:
+            return x.new_empty(0, dtype=f8), x.new_empty(0, dtype=torch.float32)
+        blocks = max((x.shape[0] + block - 1) // block + offsets.shape[0] - 1, 1)  # as ``_outputs``
+        return x.new_empty(x.shape, dtype=f8), x.new_empty((blocks, x.shape[1]), dtype=torch.float32)
+
+    return (*pair(q, q_offsets), *pair(k, kv_offsets), *pair(v, kv_offsets))
 
 
 @jagged_attn_fp8_fwd.register_fake
 def _(q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps,
       activation, causal, scale, block_size, window, norm, len_key, q_len_hint, quant_block, v_transposed,
-      work=None):
-    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+      fp8_backward, work=None):
+    return (torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32),
+            *_no_codes(q, k, v, q_offsets, kv_offsets, quant_block, fp8_backward))
 
 
-_setup_context, _backward = bf16_autograd(2)  # quant_block and v_transposed come before the work list
+@attention_op("jagged_attn_fp8_bwd")
+def jagged_attn_fp8_bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_codes: Tensor, q_scale: Tensor,
+    k_codes: Tensor, k_scale: Tensor, v_codes: Tensor, v_scale: Tensor, q_offsets: Tensor,
+    kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+    q_len_hint: int, quant_block: int, work: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``jagged_attn_bwd`` with the score products on the forward's codes and dO's (quantized here)."""
+    if q.shape[0] == 0 or k.shape[0] == 0 or q_offsets.numel() <= 1:
+        return no_token_grads(q, k, v, pos_weight, time_weight)
+    q_plan, kv_plan = quant_plans(q, k, q_offsets, kv_offsets, quant_block)
+    doq, _ = quantize_jagged_triton(do.contiguous(), q_offsets, quant_block, plan=q_plan)
+    codes = ScoreCodes(q_codes, k_codes, v_codes, doq.data, q_scale, k_scale, v_scale, doq.scale,
+                       q_plan.block_offsets, kv_plan.block_offsets, quant_block)
+    return backward_launches(do.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight,
+                             time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
+                             window, norm, len_key, q_len_hint, work, codes)
 
+
+@jagged_attn_fp8_bwd.register_fake
+def _(do, q, k, v, out, lse, q_codes, q_scale, k_codes, k_scale, v_codes, v_scale, q_offsets, kv_offsets,
+      num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
+      window, norm, len_key, q_len_hint, quant_block, work=None):
+    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
+    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+
+
+_SHARED = len(_NON_TENSOR)  # the forward's non-tensor arguments shared with the bf16 op; then quant_block,
+# v_transposed and fp8_backward, then the work list
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
+    work = rest[_SHARED + 3] if len(rest) > _SHARED + 3 else None
+    out, lse, *codes = output
+    ctx.save_for_backward(q, k, v, out, lse, *codes, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                          q_ts, kv_ts, work)
+    ctx.rest = rest[:_SHARED]
+    ctx.quant_block, _, ctx.fp8_backward = rest[_SHARED:_SHARED + 3]
+
+
+def _backward(ctx, dout, *_):
+    q, k, v, out, lse, *codes, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, work = (
+        ctx.saved_tensors)
+    tables = (q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts)
+    if ctx.fp8_backward:
+        dq, dk, dv, dpos, dtime = _fp8_backward_call(dout, q, k, v, out, lse, *codes, *tables, *ctx.rest,
+                                                     ctx.quant_block, work)
+    else:
+        dq, dk, dv, dpos, dtime = _backward_call(dout, q, k, v, out, lse, *tables, *ctx.rest, work)
+    return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
+            dtime if time_weight is not None else None, None, None) + (None,) * (_SHARED + 4)
+
+
+_fp8_backward_call = eager_call("jagged_attn_fp8_bwd")
 
 jagged_attn_fp8_fwd.register_autograd(_backward, setup_context=_setup_context)
 
@@ -250,13 +344,20 @@ def _fwd_flops(*args, out_val=None, **kwargs) -> int:
     return 4 * _pairs_or_estimate(args[3], args[4], args) * q.shape[1] * q.shape[2]
 
 
+@register_flop_formula(torch.ops.gemtrain.jagged_attn_fp8_bwd, get_raw=True)
+def _fp8_bwd_flops(*args, out_val=None, **kwargs) -> int:
+    return _bwd_flops(*args[:6], *args[12:], out_val=out_val)  # the bf16 op's arguments, less the codes
+
+
 def jagged_attention_fp8_triton(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *, activation: str, causal: bool,
     scale: float, bias: RelativeBias | None, block_size: int | None, window: int | None,
     num_targets: Tensor | None, pointwise_norm: str | int, max_q_len: int | None, max_kv_len: int | None,
-    quant_block: int, v_transposed: bool = True,
+    quant_block: int, v_transposed: bool = True, fp8_backward: bool = False,
 ) -> Tensor:
-    """Triton path of ``kernels.attention_fp8.jagged_attention_fp8`` (arguments already validated)."""
+    """Triton path of ``kernels.attention_fp8.jagged_attention_fp8`` (arguments already validated).
+    ``fp8_backward``: the backward's score products in FP8 (the forward then keeps its codes) where a gradient
+    is asked for."""
     bias = bias if bias is not None and not bias.is_empty else None
     pos_w = bias.pos_weight if bias is not None else None
     time_w = bias.time_weight if bias is not None else None
@@ -267,16 +368,18 @@ def jagged_attention_fp8_triton(
     # One list of query tiles for the FP8 forward and the bf16 backward (both tile queries as ``_plan`` says).
     work = work_list(q_offsets, kv_offsets, _plan(q, k, len_key, int(block_size or 0), q_len_hint)["tile_q"],
                      q.shape[0])[0]
-    out, _ = torch.ops.gemtrain.jagged_attn_fp8_fwd(
+    keep_codes = fp8_backward and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, pos_w, time_w))
+    out, *_ = torch.ops.gemtrain.jagged_attn_fp8_fwd(
         q, k, v, q_offsets, kv_offsets,
         None if num_targets is None else num_targets.contiguous(),
         None if pos_w is None else pos_w.contiguous(), None if time_w is None else time_w.contiguous(),
         q_ts, kv_ts, activation, bool(causal), float(scale), int(block_size or 0),
         -1 if window is None else int(window), 0 if pointwise_norm == "row" else int(pointwise_norm),
-        len_key, q_len_hint, int(quant_block), bool(v_transposed), work,
+        len_key, q_len_hint, int(quant_block), bool(v_transposed), bool(keep_codes), work,
     )
     return out
 
 
 __all__ = ["QuantPlan", "TransposedCodes", "fp8_fwd_quantized", "jagged_attention_fp8_triton", "quant_plan",
-           "quant_plan_triton", "quantize_jagged_triton", "quantize_qkv"]
+           "quant_plan_triton", "quant_plans", "quantize_jagged_triton", "quantize_qkv"]

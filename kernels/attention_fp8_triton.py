@@ -349,10 +349,10 @@ def jagged_quant_kernel(
 def jagged_quant_qkv_kernel(
     Q, K, V, QC, KC, VC, VT, SQ, SK, SV, QO, KO, QBO, KBO, QWORK, KWORK, COLS, q_items, kv_items, stride_t,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-    V_TRANSPOSED: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr, V_ROW_MAJOR: tl.constexpr,
 ):
     """Q, K and V in one launch (grid axis 1 picks the tensor; K and V share a layout): the launch's host time
-    is paid once. V's codes go to the transposed copy alone when ``V_TRANSPOSED``."""
+    is paid once. V's codes go to the transposed copy (``V_TRANSPOSED``) and/or row-major (``V_ROW_MAJOR``)."""
     pid = tl.program_id(0)
     which = tl.program_id(1)
     item = pid // H
@@ -368,7 +368,7 @@ def jagged_quant_qkv_kernel(
     else:
         if item < kv_items:
             _quant_block(V, VC, VT, SV, KO, KBO, KWORK, COLS, stride_t, item, h, H, HEAD_DIM, BLOCK_D, QUANT_BLOCK,
-                         V_TRANSPOSED, not V_TRANSPOSED)
+                         V_TRANSPOSED, V_ROW_MAJOR)
 
 
 @triton.jit

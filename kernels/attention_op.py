@@ -8,6 +8,7 @@ a row the most expensive (last) tiles first, so skewed batches do not leave a lo
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import triton
@@ -203,10 +204,43 @@ def jagged_attn_bwd(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if q.shape[0] == 0 or k.shape[0] == 0 or q_offsets.numel() <= 1:
         return no_token_grads(q, k, v, pos_weight, time_weight)
+    return backward_launches(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                             q_timestamps, kv_timestamps, activation, causal, scale, block_size, window, norm,
+                             len_key, q_len_hint, work)
+
+
+class ScoreCodes(NamedTuple):
+    """The e4m3 operands of the backward's score products (``attention_triton_bwd``, ``FP8``): row-major codes
+    ``[tokens, H, D]`` of q, k, v and dO, their fp32 power-of-two scales ``[blocks, H]``, each row's first
+    block of the query layout (q, dO) and of the key layout (k, v), and the block length in tokens."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    do: Tensor
+    q_scale: Tensor
+    k_scale: Tensor
+    v_scale: Tensor
+    do_scale: Tensor
+    q_blocks: Tensor
+    kv_blocks: Tensor
+    block: int
+
+
+def backward_launches(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_offsets: Tensor,
+    kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None, time_weight: Tensor | None,
+    q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
+    activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
+    q_len_hint: int, work: Tensor | None = None, codes: ScoreCodes | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``jagged_attn_bwd``'s two launches on a call with tokens; ``codes``: the score products in FP8."""
     dq, dk, dv = _unset(q), _unset(k), _unset(v)
     dpos, dtime = table_grad_buffer(pos_weight, q), table_grad_buffer(time_weight, q)
     do, out = do.contiguous(), out.contiguous()
     plan = _plan(q, k, len_key, block_size, q_len_hint, v, do)
+    if codes is not None and plan["block_d"] < 32:  # FP8 tensor-core MMAs reduce over >= 32 elements
+        plan.update(block_d=32, tma=False)
     meta = _meta(q, activation, causal, block_size, window, norm, num_targets, pos_weight, time_weight, plan)
     scalars = (scale, float(max(norm, 1)), max(window, 0), len_key)
     # The forward's list of query tiles serves as the list of KV tiles when both sides are the same
@@ -222,14 +256,21 @@ def jagged_attn_bwd(
     if work_kv is None:
         work_kv = work_list(kv_offsets, q_offsets, plan["tile_kv"], k.shape[0])[0]
     key = _launch_key(len_key, q, q_offsets, q_timestamps)
+    tma = plan["tma"]
+    qd, kd, vd, dod = (descriptor(t, tma) for t in (q, k, v, do))
+    if codes is None:  # stand-ins, never read
+        fp8 = (q, k, v, do, qd, kd, vd, dod, lse, lse, lse, lse, q_offsets, kv_offsets)
+    else:
+        fp8 = (codes.q, codes.k, codes.v, codes.do, *(descriptor(t, tma) for t in codes[:4]), *codes[4:10])
+    meta.update(FP8=codes is not None, QUANT_BLOCK=0 if codes is None else codes.block)
     launch(jagged_attn_bwd_dq_kernel, (work_q.shape[0] * q.shape[1],), (
-        q, k, v, do, out, descriptor(k, plan["tma"]), descriptor(v, plan["tma"]), lse, delta, dq, q_offsets,
+        q, k, v, do, out, kd, vd, *fp8, lse, delta, dq, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_q,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
     launch(jagged_attn_bwd_dkdv_kernel, (work_kv.shape[0] * q.shape[1],), (
-        q, k, v, do, descriptor(q, plan["tma"]), descriptor(do, plan["tma"]), lse, delta, dk, dv, q_offsets,
+        q, k, v, do, qd, dod, *fp8, lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos, dtime, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,

@@ -11,6 +11,12 @@ Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
 
 Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i``, computed and stored by the dq kernel from
 the o tile next to its dO tile (so the dq kernel runs first); pointwise: ``ds = dp * act'(s) / n``.
+
+``FP8``: the two score products, S = QK^T and dP = dO V^T, run on e4m3 tensor cores from row-major codes
+(``Q8``, ``K8``, ``V8``, ``DO8``: one power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head), in
+``SQ``/``SK``/``SV``/``SDO`` from each row's first block ``QBO`` / ``KBO``; dO shares Q's blocks, V K's). Their
+operands are contiguous along the head dim, the reduction of both, as Hopper's FP8 instructions read them, so
+no transposed copy is needed. dV, dK and dQ stay bf16 products of P / dS with the unquantized dO, Q and K.
 """
 
 from __future__ import annotations
@@ -39,12 +45,14 @@ from kernels.attention_triton_common import (
     score_grads,
     score_scales,
     stream_rows,
+    stream_tile,
     unmasked_kv_end,
     unmasked_q_start,
     visible,
 )
 
-_KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA"]
+_KEY = ["LEN_KEY", "HEAD_DIM", "ACT", "CAUSAL", "BLOCK_S", "HAS_POS", "HAS_TIME", "USE_TMA", "FP8",
+        "QUANT_BLOCK"]
 
 
 # (inner tile, warps, stages) by head dim (outer tiles: ``attention_op._plan``); measured on an H200 with
@@ -56,8 +64,9 @@ CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
 
 def _configs(name: str) -> list[triton.Config]:
     if name == "dkdv":
-        return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_M", "QD", "DOD"))
-    return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD"))
+        return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES,
+                              descriptor_hook("BLOCK_M", "QD", "DOD", "Q8D", "DO8D"))
+    return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD", "K8D", "V8D"))
 
 
 @triton.jit
@@ -66,7 +75,10 @@ def _scores(q, k, pos_q, pos_k, ts_q, ts_k, q_first, q_last, k_first, k_last, tq
             HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
             PREC: tl.constexpr):
     """Scaled scores plus bias of a tile, and what the table gradients reuse (``tile_spans``)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if q.dtype == tl.float8e4nv:  # FP8 codes (``qk_scale``: the tile's scales)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = tile_spans(
         q_first, q_last, k_first, k_last, ts_q, tq_min, tq_max, ts_k, tk_min, tk_max, HAS_POS, NUM_POS, HAS_TIME,
         NUM_TIME)
@@ -87,22 +99,50 @@ def _softmax_stats(LSE, DELTA, q_start, offs_m, m_ok, h, H: tl.constexpr, ACT: t
 
 
 @triton.jit
+def block_scales(SA, SB, b0, offs, ok, h, H: tl.constexpr, QUANT_BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """Per-token scales of two FP8 operands of one layout (Q and dO, or K and V) at the tokens ``offs`` of a
+    row whose first scale block is ``b0`` (0 outside ``ok``)."""
+    idx = (b0 + offs // QUANT_BLOCK) * H + h
+    return load_vec(SA + idx, ok, 0.0, MASKED), load_vec(SB + idx, ok, 0.0, MASKED)
+
+
+@triton.jit
+def code_tiles(A8, B8, SA, SB, BO, row, ptrs, offs, ok, d_ok, h, H: tl.constexpr, QUANT_BLOCK: tl.constexpr):
+    """The FP8 codes of two operands of one layout (K and V, or Q and dO) at ``ptrs`` (tokens ``offs`` of
+    jagged row ``row``, whose first scale block is ``BO[row]``) and their per-token scales."""
+    a = tl.load(A8 + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    b = tl.load(B8 + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    sa, sb = block_scales(SA, SB, tl.load(BO + row).to(tl.int64), offs, ok, h, H, QUANT_BLOCK, True)
+    return a, b, sa, sb
+
+
+@triton.jit
 def _dkdv_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, m_end, shift, kv_len,
     hist_end, window, q_start, h,
-    Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+    d_ok, qk_scale, bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-    USE_TMA: tl.constexpr, WIDE: tl.constexpr,
+    USE_TMA: tl.constexpr, WIDE: tl.constexpr, FP8: tl.constexpr, QUANT_BLOCK: tl.constexpr,
 ):
     """One Q tile of the dk/dv loop; ``dpos`` / ``dtime``: the program's per-bucket table gradients;
     ``WIDE``: a loop over few tiles near the diagonal (see ``table_grad_span``); keys at positions
     ``k_first .. k_last`` with timestamps in ``tk_min .. tk_max``. ``MASKED=False``: a whole Q tile
-    (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds)."""
+    (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds).
+    ``FP8``: ``k`` and ``v`` are the KV tile's codes, ``sk`` (times ``qk_scale``) and ``sv`` their per-key scales."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
+    q8 = q  # the score products' operands: the codes under FP8
+    do8 = do
+    sq = qk_scale
+    sdo = 1.0
+    if FP8:
+        _, _, q8, do8, _ = stream_rows(Q8, DO8, Q8D, DO8D, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
+                                       HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, False)
+        sq, sdo = block_scales(SQ, SDO, qb0, offs_m, m_ok, h, H, QUANT_BLOCK, MASKED)
     pos_q = shift + offs_m
     if not (HAS_POS or HAS_TIME):
         # Without bias tables the tile is computed transposed, [keys, queries] (S^T = K Q^T): P^T and dS^T are
@@ -111,8 +151,12 @@ def _dkdv_tile(
         # an H200 (backward op, benchmarks/RESULTS.md): batch A causal silu 1.08-1.09x, softmax unchanged.
         # The bias tables' helpers work on [queries, keys] tiles. Loading lse and delta before the two products
         # spills more (offline, sm_90: 188 against 52 bytes, causal softmax).
-        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        if FP8:
+            st = tl.dot(k, tl.trans(q8)) * (sk[:, None] * sq[None, :])
+            dpt = tl.dot(v, tl.trans(do8)) * (sv[:, None] * sdo[None, :])
+        else:
+            st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
         ok_t = tl.full([BLOCK_N, BLOCK_M], 1, tl.int1)
         if MASKED:
             ok_t = visible(pos_q[None, :], offs_n[:, None], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S,
@@ -128,10 +172,16 @@ def _dkdv_tile(
     if HAS_TIME:
         tq_min, tq_max = min_max(ts_q, m_ok)
     q_last = shift + tl.minimum(start_m + BLOCK_M, m_end) - 1
+    score_scale = qk_scale
+    if FP8:
+        score_scale = sq[:, None] * sk[None, :]
     s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
-        q, k, pos_q, offs_n, ts_q, ts_k, shift + start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
-        POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        q8, k, pos_q, offs_n, ts_q, ts_k, shift + start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
+        POSW, TIMEW, score_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
+    if FP8:
+        dp = tl.dot(do8, tl.trans(v)) * (sdo[:, None] * sv[None, :])
+    else:
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], kv_len, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
@@ -148,26 +198,43 @@ def _dkdv_tile(
 
 @triton.jit
 def _dq_tile(
-    dq, q, do, lse, delta, pos_q, m_ok, ts_q, q_first, q_last, tq_min, tq_max, start_n, hi, hist_end, window,
-    kv_start, h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+    dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, q_first, q_last, tq_min, tq_max, start_n, hi, hist_end,
+    window, kv_start, kb0, h, K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale,
+    bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
     PREC: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+    FP8: tl.constexpr, QUANT_BLOCK: tl.constexpr,
 ):
     """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
-    rows past the row's end have do = 0 and lse = +inf, so they add nothing)."""
-    offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H, HEAD_DIM,
-                                           BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
+    rows past the row's end have do = 0 and lse = +inf, so they add nothing). ``FP8``: ``q`` and ``do8`` are
+    the Q tile's codes, ``sq`` (times ``qk_scale``) and ``sdo`` their per-query scales; K and V stream as
+    codes for the score products, and K in bf16 for dQ."""
+    if FP8:
+        offs_n, n_ok, k8, v, ts_k = stream_rows(K8, V8, K8D, V8D, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H,
+                                                HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
+        rows = (kv_start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        k = stream_tile(KD, K + rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
+        sk, sv = block_scales(SK, SV, kb0, offs_n, n_ok, h, H, QUANT_BLOCK, MASKED)
+        score_scale = sq[:, None] * sk[None, :]
+    else:
+        offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H,
+                                               HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
+        k8 = k
+        score_scale = qk_scale
     tk_min = 0
     tk_max = 0
     if HAS_TIME:
         tk_min, tk_max = min_max(ts_k, n_ok)
     k_last = tl.minimum(start_n + BLOCK_N, hi) - 1
-    s, _, _, _, _, _, _, _ = _scores(q, k, pos_q, offs_n, ts_q, ts_k, q_first, q_last, start_n, k_last, tq_min, tq_max,
-                                     tk_min, tk_max, h, POSW, TIMEW, qk_scale, bias_scale, H, HAS_POS, NUM_POS,
-                                     HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    s, _, _, _, _, _, _, _ = _scores(q, k8, pos_q, offs_n, ts_q, ts_k, q_first, q_last, start_n, k_last, tq_min,
+                                     tq_max, tk_min, tk_max, h, POSW, TIMEW, score_scale, bias_scale, H, HAS_POS,
+                                     NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
+    if FP8:
+        dp = tl.dot(do8, tl.trans(v)) * (sdo[:, None] * sv[None, :])
+    else:
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
     if MASKED:
         ok = visible(pos_q[:, None], offs_n[None, :], hi, hist_end, window, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
@@ -182,12 +249,14 @@ def _dq_tile(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, QD, DOD, LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
+    Q, K, V, DO, QD, DOD, Q8, K8, V8, DO8, Q8D, K8D, V8D, DO8D, SQ, SK, SV, SDO, QBO, KBO,
+    LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    FP8: tl.constexpr, QUANT_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -213,8 +282,15 @@ def jagged_attn_bwd_dkdv_kernel(
     n_ok = offs_n < kv_len
     d_ok = offs_d < HEAD_DIM
     kv_rows = (kv_start + offs_n)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    qb0 = 0
+    sk = 1.0
+    sv = 1.0
+    if FP8:  # the KV tile's codes and per-key scales (the score products' operands)
+        k, v, sk, sv = code_tiles(K8, V8, SK, SV, KBO, row, kv_rows, offs_n, n_ok, d_ok, h, H, QUANT_BLOCK)
+        qb0 = tl.load(QBO + row).to(tl.int64)
+    else:
+        k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     ts_k = load_times(KTS, kv_start, offs_n, n_ok, True, HAS_TIME)
     k_first = nblk * BLOCK_N
     k_last = tl.minimum(k_first + BLOCK_N, kv_len) - 1
@@ -233,6 +309,8 @@ def jagged_attn_bwd_dkdv_kernel(
         inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
     else:
         inv_n = 1.0 / norm_const
+    if FP8:
+        sk = sk * qk_scale
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     # Table gradients summed per bucket over the whole loop, added to the tables once at the end.
@@ -248,9 +326,11 @@ def jagged_attn_bwd_dkdv_kernel(
     for start_m in range(lo, mid, BLOCK_M):
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, mid, shift,
-            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
-            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
+                FP8, QUANT_BLOCK)
     if HAS_POS or HAS_TIME:
         # The whole tiles near the keys (``near_tiles``: where position buckets vary within a tile and log
         # time buckets change fastest) run in their own short loop, which may sum a wide span by diagonal
@@ -261,34 +341,44 @@ def jagged_attn_bwd_dkdv_kernel(
         for start_m in range(mid, near_lo, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
+                FP8, QUANT_BLOCK)
         for start_m in range(near_lo, near_hi, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True,
+                FP8, QUANT_BLOCK)
         for start_m in range(near_hi, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
+                FP8, QUANT_BLOCK)
     else:
         for start_m in range(mid, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
-                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False)
+                NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
+                FP8, QUANT_BLOCK)
     for start_m in range(full_end, hi, BLOCK_M):
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, hi, shift,
-            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
+            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
-            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+            HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
+                FP8, QUANT_BLOCK)
 
     if HAS_POS:
         flush_table_grad(DPOSW, dpos, h, H, NUM_POS, POS_PAD)
@@ -303,12 +393,14 @@ def jagged_attn_bwd_dkdv_kernel(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
-    Q, K, V, DO, OUT, KD, VD, LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
+    Q, K, V, DO, OUT, KD, VD, Q8, K8, V8, DO8, Q8D, K8D, V8D, DO8D, SQ, SK, SV, SDO, QBO, KBO,
+    LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    FP8: tl.constexpr, QUANT_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -335,8 +427,16 @@ def jagged_attn_bwd_dq_kernel(
     d_ok = offs_d < HEAD_DIM
     pos_q = shift + offs_m
     q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    do8 = do
+    kb0 = 0
+    sq = 1.0
+    sdo = 1.0
+    if FP8:  # the Q tile's codes and per-query scales (the score products' operands)
+        q, do8, sq, sdo = code_tiles(Q8, DO8, SQ, SDO, QBO, row, q_rows, offs_m, m_ok, d_ok, h, H, QUANT_BLOCK)
+        kb0 = tl.load(KBO + row).to(tl.int64)
+    else:
+        q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
     tq_min = 0
     tq_max = 0
@@ -355,6 +455,8 @@ def jagged_attn_bwd_dq_kernel(
         inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
     else:
         inv_n = 1.0 / norm_const
+    if FP8:
+        sq = sq * qk_scale
 
     last = tl.minimum(mblk * BLOCK_M + BLOCK_M, q_len) - 1
     lo, hi = kv_range(shift + mblk * BLOCK_M, shift + last, kv_len, window, CAUSAL, BLOCK_S, HAS_WINDOW)
@@ -363,16 +465,16 @@ def jagged_attn_bwd_dq_kernel(
     mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
     for start_n in range(lo, mid, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
-            hi, hist_end, window, kv_start, h,
-            K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            hi, hist_end, window, kv_start, kb0, h,
+            K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
-            TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA)
+            TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA, FP8, QUANT_BLOCK)
     for start_n in range(mid, hi, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
-            hi, hist_end, window, kv_start, h,
-            K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            hi, hist_end, window, kv_start, kb0, h,
+            K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
-            TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA)
+            TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA, FP8, QUANT_BLOCK)
     tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -255,29 +255,37 @@ def window_attn_bwd_dq_kernel(
         b = hi
         for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
             dq = _dq_tile(
-                dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window,
-                start, h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT,
+                dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi,
+                hist_end, window,
+                start, 0, h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale,
+                inv_n, H, HEAD_DIM, ACT,
                 CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True,
-                EVEN_D, USE_TMA)
+                EVEN_D, USE_TMA, False, 0)
         lo = hi
     for start_n in range(lo, a, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, start,
-            h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL,
+            dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
+            window, start, 0,
+            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D,
-            USE_TMA)
+            USE_TMA, False, 0)
     for start_n in tl.range(a, b, BLOCK_N, num_stages=STAGES):
         dq = _dq_tile(
-            dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, start,
-            h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL,
+            dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
+            window, start, 0,
+            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, False, EVEN_D,
-            USE_TMA)
+            USE_TMA, False, 0)
     for start_n in range(b, hi, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end, window, start,
-            h, K, V, KD, VD, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL,
+            dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
+            window, start, 0,
+            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D,
-            USE_TMA)
+            USE_TMA, False, 0)
     tl.store(DQ + rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
@@ -312,27 +320,35 @@ def window_attn_bwd_dkdv_kernel(
         for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end,
-                window, start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
+                window, start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW,
+                DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
                 bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME,
-                POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+                POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
+                False, 0)
         lo = hi
     for start_m in range(lo, a, BLOCK_M):  # the diagonal (or the near edge)
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
+            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
-            PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+            PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
+                False, 0)
     for start_m in tl.range(a, b, BLOCK_M, num_stages=STAGES):  # whole tiles whose queries see every key
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, b, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
+            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
-            PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True)
+            PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True,
+                False, 0)
     for start_m in range(b, hi, BLOCK_M):  # the window's far edge
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
+            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
-            PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True)
+            PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
+                False, 0)
     store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
                     POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)

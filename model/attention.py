@@ -29,7 +29,7 @@ class SelfAttention(nn.Module):
         self.heads, self.head_dim = h, d // h
         self.kind, self.window, self.block_size = kind, window, block_size
         self.activation, self.causal = enc.activation, enc.causal
-        self.attention_precision = "bf16"  # "fp8": QK^T and PV in FP8 (set by train.precision's policy)
+        self.attention_precision = "bf16"  # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention; set by the policy)
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         b = enc.bias
@@ -87,7 +87,7 @@ class TargetCrossAttention(nn.Module):
         d, h = cfg.d_model, cfg.num_heads
         self.heads, self.head_dim = h, d // h
         self.activation = cfg.cross_attention.activation
-        self.attention_precision = "bf16"  # "fp8": QK^T and PV in FP8 (set by train.precision's policy)
+        self.attention_precision = "bf16"  # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention; set by the policy)
         self.padded = padded
         self.norm_q, self.norm_kv, self.norm_mlp = Norm(d), Norm(d), Norm(d)
         self.q = nn.Linear(d, d)

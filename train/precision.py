@@ -19,8 +19,9 @@ asks for a recipe on a high-precision kind, an unknown kind, and a model that al
 layer under a high-precision kind. Kinds whose recipe is ``bf16`` keep ``nn.Linear`` (autocast decides). Recipes that need a GPU fail at the first forward on a CPU tensor
 unless ``emulate=True`` (the quantize/dequantize reference that tests use).
 
-Attention core. ``attention_kernel`` (``bf16`` | ``fp8``) picks the precision of the attention
-products QK^T and PV themselves (``kernels.attention_fp8``), separately from the ``attention`` recipe of
+Attention core. ``attention_kernel`` (``bf16`` | ``fp8`` | ``fp8_fwd_bwd``) picks the precision of the attention
+products QK^T and PV themselves (``kernels.attention_fp8``: ``fp8`` for the forward's, with a straight-through
+bf16 backward; ``fp8_fwd_bwd`` for the backward's score products too), separately from the ``attention`` recipe of
 the projection layers: the policy sets the ``attention_precision`` attribute of every module that has
 one (the model's attention blocks), or only of the modules named in ``attention_kernel_layers``
 (qualified names, e.g. ``encoder.layers.2.attn``), so FP8 attention is chosen per layer. On CPU the
@@ -37,7 +38,7 @@ from torch import nn
 from kernels.fp8_linear import RECIPES, SCALINGS, WGRAD_PRECISIONS, Fp8Config, Fp8Linear, Fp8LinearError
 
 FP8_KINDS = ("attention", "mlp", "interaction")
-ATTENTION_KERNELS = ("bf16", "fp8")
+ATTENTION_KERNELS = ("bf16", "fp8", "fp8_fwd_bwd")
 ATTENTION_PRECISION_ATTR = "attention_precision"
 HIGH_PRECISION_KINDS = ("embedding", "head", "norm", "loss")
 KIND_ATTR = "precision_kind"
@@ -117,8 +118,8 @@ class PrecisionPolicy:
             raise PrecisionPolicyError(f"PrecisionPolicy.attention_kernel: unknown precision "
                                        f"{self.attention_kernel!r}; expected one of {ATTENTION_KERNELS}")
         if self.attention_kernel != "bf16" and "attention" in self.high_precision:
-            raise PrecisionPolicyError("PrecisionPolicy: attention_kernel='fp8' but 'attention' is listed in "
-                                       "high_precision; remove it from high_precision or use 'bf16'")
+            raise PrecisionPolicyError(f"PrecisionPolicy: attention_kernel={self.attention_kernel!r} but 'attention' "
+                                       "is listed in high_precision; remove it from high_precision or use 'bf16'")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "precision") -> PrecisionPolicy:
@@ -262,7 +263,7 @@ def apply_config_policy(model: nn.Module, section: dict[str, Any], source: str, 
     except PrecisionPolicyError as e:
         raise GemtrainError(f"{source}: precision: {e}") from None
     recipes = sorted(set(report.converted.values()))
-    fp8_attn = sum(v == "fp8" for v in report.attention.values())
+    fp8_attn = sum(v != "bf16" for v in report.attention.values())
     log(f"precision policy: {len(report.converted)} linear layers in {', '.join(recipes) or 'no FP8 recipe'}, "
         f"{len(report.kept)} kept in high precision, FP8 attention in {fp8_attn} attention blocks")
     return report

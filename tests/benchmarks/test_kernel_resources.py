@@ -1,6 +1,7 @@
 """The attention backward compiled for sm_90 on this CPU machine (``benchmarks/kernel_resources.py``): without bias
 tables the dk/dv kernels compute [keys, queries] tiles, so no register tile is transposed on its way to a tensor-core
-product, and every kernel runs Hopper's tensor-core instructions (HGMMA)."""
+product, every kernel runs Hopper's tensor-core instructions (HGMMA), and the FP8 backward's score products take the
+e4m3 ones (QGMMA)."""
 
 import os
 import subprocess
@@ -41,3 +42,15 @@ def test_dkdv_tiles_without_tables_transpose_nothing(tmp_path, mask, dkdv):
     for name, row in rows.items():
         if "attn" in name:
             assert int(row["HGMMA"]) > 0, (name, row)
+
+
+@pytest.mark.slow
+def test_fp8_backward_runs_its_score_products_on_fp8_tensor_cores(tmp_path):
+    # precision=fp8 compiles the FP8 forward and the backward with fp8_backward: S = QK^T and dP = dO V^T take the
+    # e4m3 instructions (QGMMA), dV, dK and dQ stay bf16 (HGMMA), and no register tile is transposed.
+    rows, ir = _compile(tmp_path, "precision=fp8")
+    for name in ("jagged_attn_fp8_fwd_kernel", "jagged_attn_bwd_dq_kernel", "jagged_attn_bwd_dkdv_kernel"):
+        assert int(rows[name]["QGMMA"]) > 0, (name, rows[name])
+        assert "tt.trans" not in ir[name]
+    for name in ("jagged_attn_bwd_dq_kernel", "jagged_attn_bwd_dkdv_kernel"):
+        assert int(rows[name]["HGMMA"]) > 0, (name, rows[name])

@@ -4,6 +4,7 @@ quantized arithmetic, error bound against the high-precision paths, gradients, p
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from kernels import AttentionError, RelativeBias, jagged_attention
 from kernels.attention_fp8 import (
     dequantize_jagged,
     jagged_attention_fp8,
+    jagged_attention_fp8_bwd_ref,
     jagged_attention_fp8_ref,
     quantize_jagged,
 )
@@ -192,26 +194,91 @@ def test_error_bound_against_bf16_and_fp32_paths():
     assert rel_err(no_p, exact) < rel_err(fp8, exact) <= FP8_REL_BOUND
 
 
-def test_gradients_straight_through_within_bound():
+def test_gradients_within_bound():
+    """The FP8 backward (score products on codes) and the straight-through bf16 backward, in the kernels and in
+    the reference path, all lie within the bound of the float64 gradients."""
     p = make_problem(2, [20, 0, 40], [20, 9, 40])
     grads = {}
-    for name, impl, prec, dtype in (("fp8_kernel", "triton", "fp8", torch.float32),
-                                    ("fp8_ref", "ref", "fp8", torch.float32),
-                                    ("exact", "ref", "bf16", torch.float64)):
+    for name, impl, prec, dtype, fp8_bwd in (("fp8_kernel", "triton", "fp8", torch.float32, True),
+                                             ("fp8_fwd_only", "triton", "fp8", torch.float32, False),
+                                             ("fp8_ref", "ref", "fp8", torch.float32, True),
+                                             ("fp8_ref_fwd_only", "ref", "fp8", torch.float32, False),
+                                             ("exact", "ref", "bf16", torch.float64, True)):
         leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (p.q, p.k, p.v)]
         pos = p.pos.detach().to(dtype).clone().requires_grad_()
-        out = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, causal=True, impl=impl, precision=prec,
-                               bias=RelativeBias(pos_weight=pos))
+        call = jagged_attention if prec == "bf16" else partial(jagged_attention_fp8, fp8_backward=fp8_bwd)
+        out = call(*leaves, p.q_offsets, p.kv_offsets, causal=True, impl=impl, bias=RelativeBias(pos_weight=pos))
         out.backward(p.do.to(dtype))
         grads[name] = [t.grad for t in leaves] + [pos.grad]
-    for name in ("fp8_kernel", "fp8_ref"):
+    for name in ("fp8_kernel", "fp8_fwd_only", "fp8_ref", "fp8_ref_fwd_only"):
         for got, want in zip(grads[name], grads["exact"], strict=True):
             assert bool(got.isfinite().all())
             assert rel_err(got, want) <= FP8_GRAD_REL_BOUND, name
+    # The reference path's FP8 backward is the kernels' arithmetic (its forward quantizes P per 64-key tile,
+    # the interpreter's kernel per 32, which moves softmax's delta a little).
+    for got, want in zip(grads["fp8_ref"], grads["fp8_kernel"], strict=True):
+        assert rel_err(got, want.double()) <= 0.01
+
+
+BACKWARD_CASES = [
+    # (activation, kwargs, bias, q lengths, kv lengths, quant_block): empty rows, length 1, Lq != Lkv
+    ("softmax", dict(causal=True, targets=True), False, [20, 0, 40, 1, 33], [20, 9, 40, 1, 33], 64),
+    ("softmax", dict(), True, [20, 0, 40, 1, 33], [20, 9, 40, 1, 33], 128),
+    ("softmax", dict(causal=True), True, [3, 0, 1, 5], [40, 9, 1, 70], 64),  # cross attention
+    ("silu", dict(causal=True, window=7), False, [20, 0, 40, 1, 33], [20, 9, 40, 1, 33], 64),
+    ("gelu", dict(pointwise_norm=8, block_size=16), True, [20, 0, 40, 1, 33], [20, 9, 40, 1, 33], 64),
+]
+
+
+@pytest.mark.parametrize("act,kw,use_bias,lq,lk,qb", BACKWARD_CASES)
+def test_fp8_backward_matches_its_reference(act, kw, use_bias, lq, lk, qb):
+    """The FP8 backward kernels (S and dP on e4m3 codes) against the same arithmetic in float64, and against
+    the float64 gradients of unquantized attention within the bound."""
+    kw = dict(kw)
+    targets = kw.pop("targets", False)
+    p = make_problem(3, lq, lk, targets=targets)
+    leaves = [t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+    tables = [p.pos.float().clone().requires_grad_(), p.time.float().clone().requires_grad_()] if use_bias else []
+    bias = RelativeBias(*tables, p.q_ts, p.kv_ts) if use_bias else None
+    common = dict(activation=act, num_targets=p.num_targets, **kw)
+    out = jagged_attention_fp8(*leaves, p.q_offsets, p.kv_offsets, impl="triton", bias=bias, quant_block=qb,
+                               fp8_backward=True, **common)
+    out.backward(p.do.float())
+    got = [t.grad for t in leaves + tables]
+    ref = jagged_attention_fp8_bwd_ref(p.do.float(), *(t.detach() for t in leaves), out.detach(), p.q_offsets,
+                                       p.kv_offsets, bias=bias, quant_block=qb, **common)
+    want = list(ref[:3]) + ([ref[3], ref[4]] if use_bias else [])
+    exact_leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+    exact_tables = [p.pos.clone().requires_grad_(), p.time.clone().requires_grad_()] if use_bias else []
+    exact_bias = RelativeBias(*exact_tables, p.q_ts, p.kv_ts) if use_bias else None
+    jagged_attention(*exact_leaves, p.q_offsets, p.kv_offsets, impl="ref", bias=exact_bias, **common).backward(p.do)
+    for g, w, e in zip(got, want, [t.grad for t in exact_leaves + exact_tables], strict=True):
+        assert bool(g.isfinite().all())
+        assert rel_err(g, w) <= 1e-5  # same quantized numbers; fp32 summation order differs
+        assert 0.002 < rel_err(g, e) <= FP8_GRAD_REL_BOUND  # quantized for real, and within the bound
+
+
+def test_fp8_backward_keeps_codes_only_where_a_gradient_is_asked(monkeypatch):
+    """Without a gradient (or with ``fp8_backward=False``) the forward returns no codes; with one it returns
+    the row-major codes of q, k and v, and the backward's quantized dO."""
+    from kernels import attention_fp8_op
+
+    p = make_problem(8, [20, 5], [20, 5], bias=False)
+    kept = []
+    real = attention_fp8_op.quantize_qkv
+    monkeypatch.setattr(attention_fp8_op, "quantize_qkv", lambda *a, **kw: kept.append(a[-1]) or real(*a, **kw))
+    leaves = [t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+    call = partial(jagged_attention_fp8, *leaves, p.q_offsets, p.kv_offsets, impl="triton", quant_block=64)
+    with torch.no_grad():
+        call(fp8_backward=True)
+    call(fp8_backward=False)
+    call(fp8_backward=True).sum().backward()
+    assert kept == [False, False, True]  # v_row_major: the codes the backward reads
+    assert all(t.grad is not None and bool(t.grad.isfinite().all()) for t in leaves)
 
 
 def test_backward_reuses_the_forwards_work_list(monkeypatch):
-    """Self-attention builds one list of query tiles per forward+backward: the FP8 forward's serves the bf16
+    """Self-attention builds one list of query tiles per forward+backward: the FP8 forward's serves the
     backward's two passes. Gradients equal those of the ops called without a list (each builds its own)."""
     from kernels import attention_fp8_op, attention_op
     from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK
@@ -224,13 +291,15 @@ def test_backward_reuses_the_forwards_work_list(monkeypatch):
     monkeypatch.setattr(attention_fp8_op, "work_list", counting)
     q, k, v = (t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v))
     do, offs = p.do.float(), p.q_offsets
-    jagged_attention(q, k, v, offs, offs, causal=True, impl="triton", precision="fp8", max_kv_len=40).backward(do)
+    jagged_attention(q, k, v, offs, offs, causal=True, impl="triton", precision="fp8_fwd_bwd",
+                     max_kv_len=40).backward(do)
     assert len(built) == 1
     shared = (offs, offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(q.shape[2]), 0, -1, 0,
               attention_op._len_key(offs, q, k, None, 40), 0)
-    out, lse = torch.ops.gemtrain.jagged_attn_fp8_fwd(q.detach(), k.detach(), v.detach(), *shared,
-                                                      DEFAULT_QUANT_BLOCK, True)
-    own_lists = torch.ops.gemtrain.jagged_attn_bwd(do, q.detach(), k.detach(), v.detach(), out, lse, *shared)
+    out, lse, *codes = torch.ops.gemtrain.jagged_attn_fp8_fwd(q.detach(), k.detach(), v.detach(), *shared,
+                                                              DEFAULT_QUANT_BLOCK, True, True)
+    own_lists = torch.ops.gemtrain.jagged_attn_fp8_bwd(do, q.detach(), k.detach(), v.detach(), out, lse, *codes,
+                                                       *shared, DEFAULT_QUANT_BLOCK)
     assert len(built) == 4  # the forward's list, then the backward's two
     for got, want in zip((q.grad, k.grad, v.grad), own_lists[:3], strict=True):
         assert torch.equal(got, want)
@@ -243,6 +312,14 @@ def test_precision_keyword_dispatch_and_errors():
     assert torch.equal(jagged_attention(*args, precision="bf16"), jagged_attention(*args))  # bf16 untouched
     via_kw = jagged_attention(*args, precision="fp8", impl="ref")
     assert torch.equal(via_kw, jagged_attention_fp8_ref(*args))
+    # "fp8_fwd_bwd": the same forward; the backward's score products in FP8 (the reference path's emulation).
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    both = jagged_attention(*leaves, p.q_offsets, p.kv_offsets, precision="fp8_fwd_bwd", impl="ref")
+    assert torch.equal(both, via_kw)
+    both.backward(p.do.float())
+    want = jagged_attention_fp8_bwd_ref(p.do.float(), q, k, v, both.detach(), p.q_offsets, p.kv_offsets)
+    for got, w in zip((t.grad for t in leaves), want[:3]):
+        assert torch.equal(got, w.float())
     with pytest.raises(AttentionError, match="precision"):
         jagged_attention(*args, precision="fp4")
     with pytest.raises(AttentionError, match="quant_block"):
@@ -275,6 +352,18 @@ def test_policy_turns_fp8_attention_on_per_layer():
 
     apply_precision_policy(model, PrecisionPolicy(mlp="bf16", attention_kernel="fp8"))
     assert all(m.attention_precision == "fp8" for m in model["layers"])
+    # The backward's score products in FP8 as well: the same forward, other gradients (CPU: the emulation).
+    apply_precision_policy(model, PrecisionPolicy.from_dict({"attention_kernel": "fp8_fwd_bwd"}))
+    assert all(m.attention_precision == "fp8_fwd_bwd" for m in model["layers"])
+    x = hist.tokens.clone().requires_grad_()
+    y_both = layer(x, hist)
+    assert torch.equal(y_both, y8)
+    y_both.sum().backward()
+    dx_both = x.grad.clone()
+    layer.attention_precision = "fp8"
+    x.grad = None
+    layer(x, hist).sum().backward()
+    assert 0 < rel_err(dx_both, x.grad.double()) <= FP8_GRAD_REL_BOUND
     with pytest.raises(PrecisionPolicyError, match="attention_kernel_layers"):
         apply_precision_policy(model, PrecisionPolicy(mlp="bf16", attention_kernel="fp8",
                                                       attention_kernel_layers=("layers.7",)))
@@ -371,3 +460,39 @@ def test_descriptor_path_matches_reference_and_keeps_rows_apart(monkeypatch, act
     out2 = jagged_attention_fp8(*moved, p.q_offsets, p.kv_offsets, impl="triton", **common_kw)
     assert torch.equal(out[:lens[0]], out2[:lens[0]])
     assert not torch.equal(out[lens[0]:], out2[lens[0]:])
+
+
+def test_fp8_backward_descriptor_path_matches_reference_and_keeps_rows_apart(monkeypatch):
+    # GEMTRAIN_ATTN_TMA=1: the codes of q, k, v and dO stream through descriptors spanning every row, so a tile
+    # past a row's end reads the next row's codes; they must not reach the row's gradients.
+    from kernels import attention_op
+    from kernels import attention_triton_common as common
+
+    monkeypatch.setattr(common, "TMA", "1")
+    made = []
+    real = attention_op.descriptor
+    monkeypatch.setattr(attention_op, "descriptor", lambda t, on: made.append((t.dtype, on)) or real(t, on))
+    lens = [45, 40, 0, 1]
+    p = make_problem(14, lens, lens, dim=32, bias=False)  # descriptors need D = the 32-wide tile
+
+    def grads(q, k, v, do):
+        leaves = [t.float().clone().requires_grad_() for t in (q, k, v)]
+        out = jagged_attention_fp8(*leaves, p.q_offsets, p.kv_offsets, causal=True, impl="triton", quant_block=64,
+                                   fp8_backward=True)
+        out.backward(do.float())
+        return out.detach(), [t.grad for t in leaves]
+
+    out, got = grads(p.q, p.k, p.v, p.do)
+    assert (torch.float8_e4m3fn, True) in made, "the backward did not stream codes through descriptors"
+    want = jagged_attention_fp8_bwd_ref(p.do.float(), p.q.float(), p.k.float(), p.v.float(), out, p.q_offsets,
+                                        p.kv_offsets, causal=True, quant_block=64)
+    for g, w in zip(got, want[:3]):
+        assert rel_err(g, w) <= 1e-5
+    moved = [t.clone() for t in (p.q, p.k, p.v, p.do)]
+    for t in moved:
+        t[lens[0]:] = 50.0 * torch.randn(t[lens[0]:].shape, generator=torch.Generator().manual_seed(1),
+                                         dtype=t.dtype)
+    _, got2 = grads(*moved)
+    for g, g2 in zip(got, got2):
+        assert torch.equal(g[:lens[0]], g2[:lens[0]])
+        assert not torch.equal(g[lens[0]:], g2[lens[0]:])

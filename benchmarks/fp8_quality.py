@@ -53,9 +53,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},
     "fp8 attention kernel": {"attention_kernel": "fp8"},
+    "fp8 attention kernel fwd+bwd": {"attention_kernel": "fp8_fwd_bwd"},
 }
 CPU_VARIANTS = ("bf16", "bf16 (repeat)", "blockwise", "tensorwise", "mxfp8 (hopper: emulate)",
-                "fp8 attention kernel")
+                "fp8 attention kernel", "fp8 attention kernel fwd+bwd")
 
 # Tiny CPU mode: the demo schema, a small model (its cross attention runs FP8 attention), few steps.
 CPU_OVERRIDES = [

@@ -23,7 +23,7 @@ def _load():
 def test_fp8_quality_cpu_mode(tmp_path, capsys):
     mod = _load()
     out = tmp_path / "q.json"
-    names = "bf16,bf16 (repeat),tensorwise,fp8 attention kernel"
+    names = "bf16,bf16 (repeat),tensorwise,fp8 attention kernel,fp8 attention kernel fwd+bwd"
     rc = mod.main(["--cpu", "--steps", "3", "--variants", names, "--run-root", str(tmp_path / "runs"),
                    "--json", str(out)])
     assert rc == 0
@@ -36,6 +36,9 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     assert diffs["bf16 (repeat)"] == 0.0  # same seed, data and steps: CPU runs are deterministic
     assert 0.0 < diffs["tensorwise"] < 0.05  # emulated FP8 changes the numbers, not the model
     assert 0.0 < diffs["fp8 attention kernel"] < 0.05
+    # the same forward, the emulated FP8 backward: other gradients, so another trajectory after the first step
+    assert 0.0 < diffs["fp8 attention kernel fwd+bwd"] < 0.05
+    assert res["fp8 attention kernel fwd+bwd"]["eval"] != res["fp8 attention kernel"]["eval"]
     table = capsys.readouterr().out
     assert "| tensorwise |" in table and "rel. diff" in table and "FAILED" not in table
 

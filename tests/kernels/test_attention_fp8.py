@@ -374,7 +374,8 @@ def test_policy_turns_fp8_attention_on_per_layer():
                         high_precision=("embedding", "head", "norm", "loss", "attention"))
 
 
-def test_custom_op_compiles_counts_flops_and_checkpoints():
+@pytest.mark.parametrize("precision", ["fp8", "fp8_fwd_bwd"])
+def test_custom_op_compiles_counts_flops_and_checkpoints(precision):
     import torch.utils.checkpoint
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -385,19 +386,29 @@ def test_custom_op_compiles_counts_flops_and_checkpoints():
     q, k, v = (t.float().requires_grad_() for t in (p.q, p.k, p.v))
 
     def f(q, k, v):
-        return jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, causal=True, impl="triton", precision="fp8") * 2
+        return jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, causal=True, impl="triton",
+                                precision=precision) * 2
 
     with FlopCounterMode(display=False) as counter:
         eager = f(q, k, v)
     assert counter.get_total_flops() == jagged_attention_flops(p.q_offsets, p.kv_offsets, 2, 16, causal=True)
+    with FlopCounterMode(display=False) as counter:
+        f(q, k, v).sum().backward()
+    assert counter.get_total_flops() == jagged_attention_flops(p.q_offsets, p.kv_offsets, 2, 16, causal=True,
+                                                               backward=True)
+    q.grad = None
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
     torch.testing.assert_close(compiled, eager)
+    compiled.sum().backward()
+    dq_compiled = q.grad.clone()
+    q.grad = None
     ck = torch.utils.checkpoint.checkpoint(f, q, k, v, use_reentrant=False)
     ck.sum().backward()
     dq = q.grad.clone()
     q.grad = None
     eager.sum().backward()
     torch.testing.assert_close(dq, q.grad)
+    torch.testing.assert_close(dq_compiled, q.grad)
 
 
 def test_v_blocks_of_very_different_scales_and_zero_blocks():

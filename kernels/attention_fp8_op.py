@@ -243,7 +243,7 @@ def jagged_attn_fp8_fwd(
     num_rows = q_offsets.numel() - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or num_rows == 0:
         out, lse = torch.zeros_like(q), torch.full(q.shape[:2], float("inf"), dtype=torch.float32, device=q.device)
-        return out, lse, *_no_codes(q, k, v, q_offsets, kv_offsets, quant_block, False)
+        return out, lse, *_no_codes(q, k, v, q_offsets, kv_offsets, quant_block, fp8_backward)  # as the fake's
     qq, kq, vq, v_t = quantize_qkv(q, k, v, q_offsets, kv_offsets, quant_block, v_transposed, fp8_backward)
     out, lse = fp8_fwd_quantized(q, k, qq, kq, vq, v_t, q_offsets, kv_offsets, num_targets, pos_weight,
                                  time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
@@ -255,7 +255,8 @@ def jagged_attn_fp8_fwd(
 
 def _no_codes(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block: int,
               shaped: bool) -> tuple[Tensor, ...]:
-    """The forward op's code outputs: empty, or (``shaped``) buffers of their shapes (fake tensors)."""
+    """The forward op's code outputs: empty, or (``shaped``) unwritten buffers of their shapes (fake tensors, and
+    calls without tokens, whose backward reads nothing)."""
     f8 = torch.float8_e4m3fn
 
     def pair(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:

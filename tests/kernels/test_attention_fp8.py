@@ -507,3 +507,16 @@ def test_fp8_backward_descriptor_path_matches_reference_and_keeps_rows_apart(mon
     for g, g2 in zip(got, got2):
         assert torch.equal(g[:lens[0]], g2[:lens[0]])
         assert not torch.equal(g[lens[0]:], g2[lens[0]:])
+
+
+def test_fp8_backward_of_calls_without_tokens():
+    # No query tokens, and queries without keys: gradients are zeros, with shapes the compiler's fakes agree on.
+    for lq, lk in (([0, 0], [0, 0]), ([3, 2], [0, 0])):
+        p = make_problem(15, lq, lk, bias=False)
+        leaves = [t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+        f = lambda q, k, v: jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, impl="triton",
+                                             precision="fp8_fwd_bwd")
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(*leaves)
+        out.sum().backward()
+        assert bool((out == 0).all())
+        assert all(t.grad is not None and bool((t.grad == 0).all()) for t in leaves)

@@ -258,8 +258,8 @@ def backward_launches(
     key = _launch_key(len_key, q, q_offsets, q_timestamps)
     tma = plan["tma"]
     qd, kd, vd, dod = (descriptor(t, tma) for t in (q, k, v, do))
-    if codes is None:  # stand-ins, never read
-        fp8 = (q, k, v, do, qd, kd, vd, dod, lse, lse, lse, lse, q_offsets, kv_offsets)
+    if codes is None:  # stand-ins, never read (plain tensors: each descriptor argument costs host time per launch)
+        fp8 = (q, k, v, do, q, k, v, do, lse, lse, lse, lse, q_offsets, kv_offsets)
     else:
         fp8 = (codes.q, codes.k, codes.v, codes.do, *(descriptor(t, tma) for t in codes[:4]), *codes[4:10])
     meta.update(FP8=codes is not None, QUANT_BLOCK=0 if codes is None else codes.block)

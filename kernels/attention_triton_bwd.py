@@ -427,8 +427,6 @@ def jagged_attn_bwd_dq_kernel(
     d_ok = offs_d < HEAD_DIM
     pos_q = shift + offs_m
     q_rows = (q_start + offs_m)[:, None] * stride_t + h * HEAD_DIM + offs_d[None, :]
-    do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    do8 = do
     kb0 = 0
     sq = 1.0
     sdo = 1.0
@@ -437,6 +435,9 @@ def jagged_attn_bwd_dq_kernel(
         kb0 = tl.load(KBO + row).to(tl.int64)
     else:
         q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if not FP8:
+        do8 = do
     ts_q = load_times(QTS, q_start, offs_m, m_ok, True, HAS_TIME)
     tq_min = 0
     tq_max = 0

@@ -258,19 +258,18 @@ def backward_launches(
     key = _launch_key(len_key, q, q_offsets, q_timestamps)
     tma = plan["tma"]
     qd, kd, vd, dod = (descriptor(t, tma) for t in (q, k, v, do))
-    if codes is None:  # stand-ins, never read (plain tensors: each descriptor argument costs host time per launch)
-        fp8 = (q, k, v, do, q, k, v, do, lse, lse, lse, lse, q_offsets, kv_offsets)
-    else:
+    fp8 = None  # the kernels' CODES tuple (attention_triton_bwd.C_Q ...)
+    if codes is not None:
         fp8 = (codes.q, codes.k, codes.v, codes.do, *(descriptor(t, tma) for t in codes[:4]), *codes[4:10])
     meta.update(FP8=codes is not None, QUANT_BLOCK=0 if codes is None else codes.block)
     launch(jagged_attn_bwd_dq_kernel, (work_q.shape[0] * q.shape[1],), (
-        q, k, v, do, out, kd, vd, *fp8, lse, delta, dq, q_offsets,
+        q, k, v, do, out, kd, vd, fp8, lse, delta, dq, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_q,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,
     ), dict(BLOCK_M=plan["tile_q_bwd"], **meta), key)
     launch(jagged_attn_bwd_dkdv_kernel, (work_kv.shape[0] * q.shape[1],), (
-        q, k, v, do, qd, dod, *fp8, lse, delta, dk, dv, q_offsets,
+        q, k, v, do, qd, dod, fp8, lse, delta, dk, dv, q_offsets,
         kv_offsets, _ptr(num_targets, q_offsets), work_kv,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), dpos, dtime, _ptr(q_timestamps, q_offsets),
         _ptr(kv_timestamps, kv_offsets), *scalars,

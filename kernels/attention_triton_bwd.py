@@ -12,9 +12,9 @@ Two kernels, no atomics on q/k/v gradients (so gradients are deterministic):
 Softmax: ``ds = p * (dp - delta)`` with ``delta_i = do_i . o_i``, computed and stored by the dq kernel from
 the o tile next to its dO tile (so the dq kernel runs first); pointwise: ``ds = dp * act'(s) / n``.
 
-``FP8``: the two score products, S = QK^T and dP = dO V^T, run on e4m3 tensor cores from row-major codes
-(``Q8``, ``K8``, ``V8``, ``DO8``: one power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head), in
-``SQ``/``SK``/``SV``/``SDO`` from each row's first block ``QBO`` / ``KBO``; dO shares Q's blocks, V K's). Their
+``FP8``: the two score products, S = QK^T and dP = dO V^T, run on e4m3 tensor cores from row-major codes of q, k,
+v and dO (``CODES``: one power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head), from each row's first
+block; dO shares Q's blocks, V K's). Their
 operands are contiguous along the head dim, the reduction of both, as Hopper's FP8 instructions read them, so
 no transposed copy is needed. dV, dK and dQ stay bf16 products of P / dS with the unquantized dO, Q and K.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.attention_triton_bias import (
     TABLE_PADS,
@@ -62,11 +63,31 @@ DQ_DEFAULTS = {128: (64, 4, 2), 256: (32, 4, 2)}
 CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
 
 
+# The FP8 operands travel as one tuple argument, ``CODES`` (``attention_op.ScoreCodes``'s tensors with descriptors of
+# the four codes), None on the bf16 path: one argument to bind per launch instead of fourteen.
+C_Q, C_K, C_V, C_DO, C_QD, C_KD, C_VD, C_DOD, C_SQ, C_SK, C_SV, C_SDO, C_QBO, C_KBO = (tl.constexpr(i) for i in range(14))
+
+
+def _code_descriptor_hook(rows: str, names: tuple[str, ...], slots: tuple[int, ...]):
+    """``descriptor_hook`` of ``names`` and of the ``CODES`` entries at ``slots``."""
+    plain = descriptor_hook(rows, *names)
+
+    def hook(nargs: dict) -> None:
+        plain(nargs)
+        codes = nargs.get("CODES")
+        for i in slots if codes is not None else ():
+            if isinstance(codes[i], TensorDescriptor):
+                codes[i].block_shape = [nargs[rows], nargs["BLOCK_D"]]
+
+    return hook
+
+
 def _configs(name: str) -> list[triton.Config]:
     if name == "dkdv":
         return kernel_configs("BLOCK_M", DKDV_DEFAULTS, CANDIDATES,
-                              descriptor_hook("BLOCK_M", "QD", "DOD", "Q8D", "DO8D"))
-    return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES, descriptor_hook("BLOCK_N", "KD", "VD", "K8D", "V8D"))
+                              _code_descriptor_hook("BLOCK_M", ("QD", "DOD"), (C_QD.value, C_DOD.value)))
+    return kernel_configs("BLOCK_N", DQ_DEFAULTS, CANDIDATES,
+                          _code_descriptor_hook("BLOCK_N", ("KD", "VD"), (C_KD.value, C_VD.value)))
 
 
 @triton.jit
@@ -120,8 +141,8 @@ def code_tiles(A8, B8, SA, SB, BO, row, ptrs, offs, ok, d_ok, h, H: tl.constexpr
 def _dkdv_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, m_end, shift, kv_len,
     hist_end, window, q_start, h,
-    Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
-    d_ok, qk_scale, bias_scale, inv_n,
+    Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
+    bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
     HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr, POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr,
@@ -140,9 +161,9 @@ def _dkdv_tile(
     sq = qk_scale
     sdo = 1.0
     if FP8:
-        _, _, q8, do8, _ = stream_rows(Q8, DO8, Q8D, DO8D, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
-                                       HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, False)
-        sq, sdo = block_scales(SQ, SDO, qb0, offs_m, m_ok, h, H, QUANT_BLOCK, MASKED)
+        _, _, q8, do8, _ = stream_rows(CODES[C_Q], CODES[C_DO], CODES[C_QD], CODES[C_DOD], QTS, q_start, start_m, m_end, h,
+                                       offs_d, d_ok, H, HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, False)
+        sq, sdo = block_scales(CODES[C_SQ], CODES[C_SDO], qb0, offs_m, m_ok, h, H, QUANT_BLOCK, MASKED)
     pos_q = shift + offs_m
     if not (HAS_POS or HAS_TIME):
         # Without bias tables the tile is computed transposed, [keys, queries] (S^T = K Q^T): P^T and dS^T are
@@ -199,7 +220,7 @@ def _dkdv_tile(
 @triton.jit
 def _dq_tile(
     dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, q_first, q_last, tq_min, tq_max, start_n, hi, hist_end,
-    window, kv_start, kb0, h, K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale,
+    window, kv_start, kb0, h, K, V, KD, VD, CODES, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale,
     bias_scale, inv_n,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr,
@@ -212,11 +233,12 @@ def _dq_tile(
     the Q tile's codes, ``sq`` (times ``qk_scale``) and ``sdo`` their per-query scales; K and V stream as
     codes for the score products, and K in bf16 for dQ."""
     if FP8:
-        offs_n, n_ok, k8, v, ts_k = stream_rows(K8, V8, K8D, V8D, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H,
-                                                HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
+        offs_n, n_ok, k8, v, ts_k = stream_rows(CODES[C_K], CODES[C_V], CODES[C_KD], CODES[C_VD], KTS, kv_start, start_n, hi,
+                                                h, offs_d, d_ok, H, HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA,
+                                                HAS_TIME)
         rows = (kv_start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
         k = stream_tile(KD, K + rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
-        sk, sv = block_scales(SK, SV, kb0, offs_n, n_ok, h, H, QUANT_BLOCK, MASKED)
+        sk, sv = block_scales(CODES[C_SK], CODES[C_SV], kb0, offs_n, n_ok, h, H, QUANT_BLOCK, MASKED)
         score_scale = sq[:, None] * sk[None, :]
     else:
         offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H,
@@ -249,7 +271,7 @@ def _dq_tile(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, QD, DOD, Q8, K8, V8, DO8, Q8D, K8D, V8D, DO8D, SQ, SK, SV, SDO, QBO, KBO,
+    Q, K, V, DO, QD, DOD, CODES,
     LSE, DELTA, DK, DV, QO, KO, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -286,8 +308,9 @@ def jagged_attn_bwd_dkdv_kernel(
     sk = 1.0
     sv = 1.0
     if FP8:  # the KV tile's codes and per-key scales (the score products' operands)
-        k, v, sk, sv = code_tiles(K8, V8, SK, SV, KBO, row, kv_rows, offs_n, n_ok, d_ok, h, H, QUANT_BLOCK)
-        qb0 = tl.load(QBO + row).to(tl.int64)
+        k, v, sk, sv = code_tiles(CODES[C_K], CODES[C_V], CODES[C_SK], CODES[C_SV], CODES[C_KBO], row, kv_rows, offs_n, n_ok,
+                                  d_ok, h, H, QUANT_BLOCK)
+        qb0 = tl.load(CODES[C_QBO] + row).to(tl.int64)
     else:
         k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(V + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -326,8 +349,8 @@ def jagged_attn_bwd_dkdv_kernel(
     for start_m in range(lo, mid, BLOCK_M):
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, mid, shift,
-            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
             HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
                 FP8, QUANT_BLOCK)
@@ -341,24 +364,24 @@ def jagged_attn_bwd_dkdv_kernel(
         for start_m in range(mid, near_lo, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
                 NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
                 FP8, QUANT_BLOCK)
         for start_m in range(near_lo, near_hi, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
                 NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True,
                 FP8, QUANT_BLOCK)
         for start_m in range(near_hi, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
                 NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
                 FP8, QUANT_BLOCK)
@@ -366,16 +389,16 @@ def jagged_attn_bwd_dkdv_kernel(
         for start_m in range(mid, full_end, BLOCK_M):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, full_end, shift,
-                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+                kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW,
                 offs_d, d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS,
                 NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, False,
                 FP8, QUANT_BLOCK)
     for start_m in range(full_end, hi, BLOCK_M):
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, hi, shift,
-            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, Q8, DO8, Q8D, DO8D, SQ, SDO, qb0, sk, sv, LSE,
-            DELTA, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
+            kv_len, hist_end, window, q_start, h, Q, DO, QD, DOD, CODES, qb0, sk, sv, LSE, DELTA,
+            QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d,
             d_ok, qk_scale, bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS,
             HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
                 FP8, QUANT_BLOCK)
@@ -393,7 +416,7 @@ def jagged_attn_bwd_dkdv_kernel(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_bwd_dq_kernel(
-    Q, K, V, DO, OUT, KD, VD, Q8, K8, V8, DO8, Q8D, K8D, V8D, DO8D, SQ, SK, SV, SDO, QBO, KBO,
+    Q, K, V, DO, OUT, KD, VD, CODES,
     LSE, DELTA, DQ, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS,
     scale, norm_const, window, LEN_KEY,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -431,8 +454,9 @@ def jagged_attn_bwd_dq_kernel(
     sq = 1.0
     sdo = 1.0
     if FP8:  # the Q tile's codes and per-query scales (the score products' operands)
-        q, do8, sq, sdo = code_tiles(Q8, DO8, SQ, SDO, QBO, row, q_rows, offs_m, m_ok, d_ok, h, H, QUANT_BLOCK)
-        kb0 = tl.load(KBO + row).to(tl.int64)
+        q, do8, sq, sdo = code_tiles(CODES[C_Q], CODES[C_DO], CODES[C_SQ], CODES[C_SDO], CODES[C_QBO], row, q_rows, offs_m, m_ok,
+                                     d_ok, h, H, QUANT_BLOCK)
+        kb0 = tl.load(CODES[C_KBO] + row).to(tl.int64)
     else:
         q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
@@ -468,14 +492,14 @@ def jagged_attn_bwd_dq_kernel(
         dq = _dq_tile(
             dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
             hi, hist_end, window, kv_start, kb0, h,
-            K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            K, V, KD, VD, CODES, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
             TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA, FP8, QUANT_BLOCK)
     for start_n in range(mid, hi, BLOCK_N):
         dq = _dq_tile(
             dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
             hi, hist_end, window, kv_start, kb0, h,
-            K, V, KD, VD, K8, V8, K8D, V8D, SK, SV, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
+            K, V, KD, VD, CODES, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
             TIME_PAD, PREC, BLOCK_N, True, EVEN_D, USE_TMA, FP8, QUANT_BLOCK)
     tl.store(DQ + q_rows, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

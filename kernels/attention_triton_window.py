@@ -257,7 +257,7 @@ def window_attn_bwd_dq_kernel(
             dq = _dq_tile(
                 dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi,
                 hist_end, window,
-                start, 0, h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale,
+                start, 0, h, K, V, KD, VD, None, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale,
                 inv_n, H, HEAD_DIM, ACT,
                 CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True,
                 EVEN_D, USE_TMA, False, 0)
@@ -266,7 +266,7 @@ def window_attn_bwd_dq_kernel(
         dq = _dq_tile(
             dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
             window, start, 0,
-            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            h, K, V, KD, VD, None, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
             HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D,
             USE_TMA, False, 0)
@@ -274,7 +274,7 @@ def window_attn_bwd_dq_kernel(
         dq = _dq_tile(
             dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
             window, start, 0,
-            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            h, K, V, KD, VD, None, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
             HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, False, EVEN_D,
             USE_TMA, False, 0)
@@ -282,7 +282,7 @@ def window_attn_bwd_dq_kernel(
         dq = _dq_tile(
             dq, q, do, do, 1.0, 1.0, lse, delta, offs_m, m_ok, ts_q, m0, last, tq_min, tq_max, start_n, hi, hist_end,
             window, start, 0,
-            h, K, V, KD, VD, K, V, KD, VD, LSE, LSE, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
+            h, K, V, KD, VD, None, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n, H,
             HEAD_DIM, ACT, CAUSAL,
             HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_N, True, EVEN_D,
             USE_TMA, False, 0)
@@ -320,7 +320,7 @@ def window_attn_bwd_dkdv_kernel(
         for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
             dk, dv, dpos, dtime = _dkdv_tile(
                 dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end,
-                window, start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW,
+                window, start, h, Q, DO, QD, DOD, None, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW,
                 DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
                 bias_scale, inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME,
                 POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
@@ -329,7 +329,7 @@ def window_attn_bwd_dkdv_kernel(
     for start_m in range(lo, a, BLOCK_M):  # the diagonal (or the near edge)
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            start, h, Q, DO, QD, DOD, None, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
             DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
             PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,
@@ -337,7 +337,7 @@ def window_attn_bwd_dkdv_kernel(
     for start_m in tl.range(a, b, BLOCK_M, num_stages=STAGES):  # whole tiles whose queries see every key
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, b, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            start, h, Q, DO, QD, DOD, None, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
             DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
             PREC, BLOCK_M, BLOCK_N, False, EVEN_D, USE_TMA, True,
@@ -345,7 +345,7 @@ def window_attn_bwd_dkdv_kernel(
     for start_m in range(b, hi, BLOCK_M):  # the window's far edge
         dk, dv, dpos, dtime = _dkdv_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, hi, 0, L, hist_end, window,
-            start, h, Q, DO, QD, DOD, Q, DO, QD, DOD, LSE, LSE, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
+            start, h, Q, DO, QD, DOD, None, 0, 1.0, 1.0, LSE, DELTA, QTS, POSW, TIMEW, DPOSW,
             DTIMEW, offs_d, d_ok, qk_scale, bias_scale,
             inv_n, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, 0, True, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD,
             PREC, BLOCK_M, BLOCK_N, True, EVEN_D, USE_TMA, True,

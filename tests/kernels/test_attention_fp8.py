@@ -514,8 +514,8 @@ def test_fp8_backward_of_calls_without_tokens():
     for lq, lk in (([0, 0], [0, 0]), ([3, 2], [0, 0])):
         p = make_problem(15, lq, lk, bias=False)
         leaves = [t.detach().float().clone().requires_grad_() for t in (p.q, p.k, p.v)]
-        f = lambda q, k, v: jagged_attention(q, k, v, p.q_offsets, p.kv_offsets, impl="triton",
-                                             precision="fp8_fwd_bwd")
+        f = partial(jagged_attention, q_offsets=p.q_offsets, kv_offsets=p.kv_offsets, impl="triton",
+                    precision="fp8_fwd_bwd")
         out = torch.compile(f, backend="aot_eager", fullgraph=True)(*leaves)
         out.sum().backward()
         assert bool((out == 0).all())

@@ -65,7 +65,8 @@ CANDIDATES = [(32, 4, 2), (64, 8, 2), (32, 8, 2), (64, 4, 2), (64, 4, 3)]
 
 # The FP8 operands travel as one tuple argument, ``CODES`` (``attention_op.ScoreCodes``'s tensors with descriptors of
 # the four codes), None on the bf16 path: one argument to bind per launch instead of fourteen.
-C_Q, C_K, C_V, C_DO, C_QD, C_KD, C_VD, C_DOD, C_SQ, C_SK, C_SV, C_SDO, C_QBO, C_KBO = (tl.constexpr(i) for i in range(14))
+C_Q, C_K, C_V, C_DO, C_QD, C_KD, C_VD, C_DOD, C_SQ, C_SK, C_SV, C_SDO, C_QBO, C_KBO = (
+    tl.constexpr(i) for i in range(14))  # a code's scales sit C_SQ entries after it
 
 
 def _code_descriptor_hook(rows: str, names: tuple[str, ...], slots: tuple[int, ...]):
@@ -128,13 +129,17 @@ def block_scales(SA, SB, b0, offs, ok, h, H: tl.constexpr, QUANT_BLOCK: tl.const
 
 
 @triton.jit
-def code_tiles(A8, B8, SA, SB, BO, row, ptrs, offs, ok, d_ok, h, H: tl.constexpr, QUANT_BLOCK: tl.constexpr):
-    """The FP8 codes of two operands of one layout (K and V, or Q and dO) at ``ptrs`` (tokens ``offs`` of
-    jagged row ``row``, whose first scale block is ``BO[row]``) and their per-token scales."""
-    a = tl.load(A8 + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
-    b = tl.load(B8 + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
-    sa, sb = block_scales(SA, SB, tl.load(BO + row).to(tl.int64), offs, ok, h, H, QUANT_BLOCK, True)
-    return a, b, sa, sb
+def code_tiles(CODES, A: tl.constexpr, B: tl.constexpr, row, ptrs, first, ok, d_ok, h, H: tl.constexpr,
+               QUANT_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """A program's resident tile of two FP8 operands of one layout (``CODES`` entries ``A`` and ``B``: K and V,
+    or Q and dO) at ``ptrs``, the ``BLOCK`` tokens from ``first`` (a multiple of ``BLOCK``) of jagged row ``row``,
+    and the two scales of the tile: ``BLOCK`` divides ``QUANT_BLOCK``, so the tile lies in one scale block."""
+    tl.static_assert(QUANT_BLOCK % BLOCK == 0)
+    a = tl.load(CODES[A] + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    b = tl.load(CODES[B] + ptrs, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    first_block = tl.load(CODES[C_KBO if A == C_K else C_QBO] + row).to(tl.int64)
+    idx = (first_block + first // QUANT_BLOCK) * H + h
+    return a, b, tl.load(CODES[A + C_SQ] + idx), tl.load(CODES[B + C_SQ] + idx)
 
 
 @triton.jit
@@ -161,8 +166,8 @@ def _dkdv_tile(
     sq = qk_scale
     sdo = 1.0
     if FP8:
-        _, _, q8, do8, _ = stream_rows(CODES[C_Q], CODES[C_DO], CODES[C_QD], CODES[C_DOD], QTS, q_start, start_m, m_end, h,
-                                       offs_d, d_ok, H, HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, False)
+        _, _, q8, do8, _ = stream_rows(CODES[C_Q], CODES[C_DO], CODES[C_QD], CODES[C_DOD], QTS, q_start, start_m,
+                                       m_end, h, offs_d, d_ok, H, HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, False)
         sq, sdo = block_scales(CODES[C_SQ], CODES[C_SDO], qb0, offs_m, m_ok, h, H, QUANT_BLOCK, MASKED)
     pos_q = shift + offs_m
     if not (HAS_POS or HAS_TIME):
@@ -173,8 +178,8 @@ def _dkdv_tile(
         # The bias tables' helpers work on [queries, keys] tiles. Loading lse and delta before the two products
         # spills more (offline, sm_90: 188 against 52 bytes, causal softmax).
         if FP8:
-            st = tl.dot(k, tl.trans(q8)) * (sk[:, None] * sq[None, :])
-            dpt = tl.dot(v, tl.trans(do8)) * (sv[:, None] * sdo[None, :])
+            st = tl.dot(k, tl.trans(q8)) * (sq * sk)[None, :]  # sk, sv: the KV tile's (one block's) scales
+            dpt = tl.dot(v, tl.trans(do8)) * (sdo * sv)[None, :]
         else:
             st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
@@ -195,12 +200,12 @@ def _dkdv_tile(
     q_last = shift + tl.minimum(start_m + BLOCK_M, m_end) - 1
     score_scale = qk_scale
     if FP8:
-        score_scale = sq[:, None] * sk[None, :]
+        score_scale = (sq * sk)[:, None]
     s, p_lo, p_hi, t_lo, t_hi, u, w, t_narrow = _scores(
         q8, k, pos_q, offs_n, ts_q, ts_k, shift + start_m, q_last, k_first, k_last, tq_min, tq_max, tk_min, tk_max, h,
         POSW, TIMEW, score_scale, bias_scale, H, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
     if FP8:
-        dp = tl.dot(do8, tl.trans(v)) * (sdo[:, None] * sv[None, :])
+        dp = tl.dot(do8, tl.trans(v)) * (sdo * sv)[:, None]
     else:
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
@@ -233,13 +238,13 @@ def _dq_tile(
     the Q tile's codes, ``sq`` (times ``qk_scale``) and ``sdo`` their per-query scales; K and V stream as
     codes for the score products, and K in bf16 for dQ."""
     if FP8:
-        offs_n, n_ok, k8, v, ts_k = stream_rows(CODES[C_K], CODES[C_V], CODES[C_KD], CODES[C_VD], KTS, kv_start, start_n, hi,
-                                                h, offs_d, d_ok, H, HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA,
-                                                HAS_TIME)
+        offs_n, n_ok, k8, v, ts_k = stream_rows(CODES[C_K], CODES[C_V], CODES[C_KD], CODES[C_VD], KTS, kv_start,
+                                                start_n, hi, h, offs_d, d_ok, H, HEAD_DIM, BLOCK_N, MASKED, EVEN_D,
+                                                USE_TMA, HAS_TIME)
         rows = (kv_start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
         k = stream_tile(KD, K + rows, kv_start + start_n, h * HEAD_DIM, n_ok, d_ok, MASKED, EVEN_D, USE_TMA)
         sk, sv = block_scales(CODES[C_SK], CODES[C_SV], kb0, offs_n, n_ok, h, H, QUANT_BLOCK, MASKED)
-        score_scale = sq[:, None] * sk[None, :]
+        score_scale = (sk * sq)[None, :]  # sq, sdo: the Q tile's (one block's) scales
     else:
         offs_n, n_ok, k, v, ts_k = stream_rows(K, V, KD, VD, KTS, kv_start, start_n, hi, h, offs_d, d_ok, H,
                                                HEAD_DIM, BLOCK_N, MASKED, EVEN_D, USE_TMA, HAS_TIME)
@@ -254,7 +259,7 @@ def _dq_tile(
                                      tq_max, tk_min, tk_max, h, POSW, TIMEW, score_scale, bias_scale, H, HAS_POS,
                                      NUM_POS, HAS_TIME, NUM_TIME, POS_PAD, TIME_PAD, PREC)
     if FP8:
-        dp = tl.dot(do8, tl.trans(v)) * (sdo[:, None] * sv[None, :])
+        dp = tl.dot(do8, tl.trans(v)) * (sv * sdo)[None, :]
     else:
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ok = tl.full([BLOCK_N], 1, tl.int1)[None, :]  # whole tiles: every score counts
@@ -307,9 +312,9 @@ def jagged_attn_bwd_dkdv_kernel(
     qb0 = 0
     sk = 1.0
     sv = 1.0
-    if FP8:  # the KV tile's codes and per-key scales (the score products' operands)
-        k, v, sk, sv = code_tiles(CODES[C_K], CODES[C_V], CODES[C_SK], CODES[C_SV], CODES[C_KBO], row, kv_rows, offs_n, n_ok,
-                                  d_ok, h, H, QUANT_BLOCK)
+    if FP8:  # the KV tile's codes and scales (the score products' operands)
+        k, v, sk, sv = code_tiles(CODES, C_K, C_V, row, kv_rows, nblk * BLOCK_N, n_ok, d_ok, h, H, QUANT_BLOCK,
+                                  BLOCK_N)
         qb0 = tl.load(CODES[C_QBO] + row).to(tl.int64)
     else:
         k = tl.load(K + kv_rows, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -453,9 +458,9 @@ def jagged_attn_bwd_dq_kernel(
     kb0 = 0
     sq = 1.0
     sdo = 1.0
-    if FP8:  # the Q tile's codes and per-query scales (the score products' operands)
-        q, do8, sq, sdo = code_tiles(CODES[C_Q], CODES[C_DO], CODES[C_SQ], CODES[C_SDO], CODES[C_QBO], row, q_rows, offs_m, m_ok,
-                                     d_ok, h, H, QUANT_BLOCK)
+    if FP8:  # the Q tile's codes and scales (the score products' operands)
+        q, do8, sq, sdo = code_tiles(CODES, C_Q, C_DO, row, q_rows, mblk * BLOCK_M, m_ok, d_ok, h, H, QUANT_BLOCK,
+                                     BLOCK_M)
         kb0 = tl.load(CODES[C_KBO] + row).to(tl.int64)
     else:
         q = tl.load(Q + q_rows, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
@@ -490,14 +495,16 @@ def jagged_attn_bwd_dq_kernel(
     mid = unmasked_kv_end(lo, shift + mblk * BLOCK_M, kv_len, hist_end, BLOCK_N, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW)
     for start_n in range(lo, mid, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min,
+            tq_max, start_n,
             hi, hist_end, window, kv_start, kb0, h,
             K, V, KD, VD, CODES, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
             TIME_PAD, PREC, BLOCK_N, False, EVEN_D, USE_TMA, FP8, QUANT_BLOCK)
     for start_n in range(mid, hi, BLOCK_N):
         dq = _dq_tile(
-            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min, tq_max, start_n,
+            dq, q, do, do8, sq, sdo, lse, delta, pos_q, m_ok, ts_q, shift + mblk * BLOCK_M, shift + last, tq_min,
+            tq_max, start_n,
             hi, hist_end, window, kv_start, kb0, h,
             K, V, KD, VD, CODES, KTS, POSW, TIMEW, offs_d, d_ok, qk_scale, bias_scale, inv_n,
             H, HEAD_DIM, ACT, CAUSAL, HAS_NT, BLOCK_S, HAS_WINDOW, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,

@@ -42,6 +42,7 @@ from kernels.attention_op import (
     backward_launches,
     descriptors_pay,
     eager_call,
+    input_grads,
     no_token_grads,
     work_list,
 )
@@ -326,12 +327,10 @@ def _backward(ctx, dout, *_):
         ctx.saved_tensors)
     tables = (q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts)
     if ctx.fp8_backward:
-        dq, dk, dv, dpos, dtime = _fp8_backward_call(dout, q, k, v, out, lse, *codes, *tables, *ctx.rest,
-                                                     ctx.quant_block, work)
+        grads = _fp8_backward_call(dout, q, k, v, out, lse, *codes, *tables, *ctx.rest, ctx.quant_block, work)
     else:
-        dq, dk, dv, dpos, dtime = _backward_call(dout, q, k, v, out, lse, *tables, *ctx.rest, work)
-    return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-            dtime if time_weight is not None else None, None, None) + (None,) * (_SHARED + 4)
+        grads = _backward_call(dout, q, k, v, out, lse, *tables, *ctx.rest, work)
+    return input_grads(grads, pos_weight, time_weight, _SHARED + 4)
 
 
 _fp8_backward_call = eager_call("jagged_attn_fp8_bwd")

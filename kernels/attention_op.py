@@ -324,35 +324,31 @@ _NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", 
 _backward_call = eager_call("jagged_attn_bwd")
 
 
-def bf16_autograd(extra: int) -> tuple[Callable, Callable]:
-    """``(setup_context, backward)`` of a forward op that takes ``jagged_attn_fwd``'s arguments with ``extra``
-    more non-tensor arguments before the optional ``work`` list (the FP8 forward: its quantization options):
-    the gradients are ``jagged_attn_bwd``'s (eagerly where nothing watches the dispatcher) on the forward's
-    output and log-sum-exp, on the forward's list of query tiles."""
-    shared = len(_NON_TENSOR)
-
-    def setup_context(ctx, inputs, output) -> None:
-        (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
-        work = rest[shared + extra] if len(rest) > shared + extra else None
-        out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
-                              q_ts, kv_ts, work)
-        ctx.rest = rest[:shared]
-
-    def backward(ctx, dout, dlse):
-        (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-         work) = ctx.saved_tensors
-        dq, dk, dv, dpos, dtime = _backward_call(
-            dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
-            *ctx.rest, work,
-        )
-        return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
-                dtime if time_weight is not None else None, None, None) + (None,) * (shared + extra + 1)
-
-    return setup_context, backward
+def input_grads(grads: tuple, pos_weight: Tensor | None, time_weight: Tensor | None, more: int) -> tuple:
+    """A forward op's input gradients from a backward op's (dq, dk, dv, dpos, dtime): q, k, v, the tables
+    (None for tables not given), None for the other tensors and for ``more`` non-tensor arguments after them."""
+    dq, dk, dv, dpos, dtime = grads
+    return (dq, dk, dv, None, None, None, dpos if pos_weight is not None else None,
+            dtime if time_weight is not None else None, None, None) + (None,) * more
 
 
-_setup_context, _backward = bf16_autograd(0)
+def _setup_context(ctx, inputs, output) -> None:
+    (q, k, v, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts, *rest) = inputs
+    work = rest[len(_NON_TENSOR)] if len(rest) > len(_NON_TENSOR) else None
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                          q_ts, kv_ts, work)
+    ctx.rest = rest[:len(_NON_TENSOR)]
+
+
+def _backward(ctx, dout, dlse):
+    """``jagged_attn_bwd``'s gradients (eagerly where nothing watches the dispatcher) on the forward's output and
+    log-sum-exp, on the forward's list of query tiles."""
+    (q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_ts, kv_ts,
+     work) = ctx.saved_tensors
+    grads = _backward_call(dout, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight,
+                           q_ts, kv_ts, *ctx.rest, work)
+    return input_grads(grads, pos_weight, time_weight, len(_NON_TENSOR) + 1)
 
 jagged_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 

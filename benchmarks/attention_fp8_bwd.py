@@ -51,14 +51,13 @@ def _errors(kw: dict, q, k, v, qo, ko, do) -> dict:
                                         bias.kv_timestamps)
     exact = _grads(lambda *a: jagged_attention(*a, impl="ref", **exact_kw), q.double(), k.double(), v.double(),
                    qo, ko, do.double())
-    errs = {name: max(rel_err(g, e) for g, e in zip(_grads(fn, q, k, v, qo, ko, do), exact))
-            for name, fn in _arms(kw).items()}
+    grads = {name: _grads(fn, q, k, v, qo, ko, do) for name, fn in _arms(kw).items()}
+    errs = {name: max(rel_err(g, e) for g, e in zip(got, exact)) for name, got in grads.items()}
     with torch.no_grad():
         out = jagged_attention_fp8(q, k, v, qo, ko, **kw)
     emu = jagged_attention_fp8_bwd_ref(do, q, k, v, out, qo, ko, **{key: val for key, val in exact_kw.items()
                                                                     if key != "bias"}, bias=bias)
-    errs["emulation"] = max(rel_err(g, e) for g, e in zip(_grads(_arms(kw)["fp8 fwd+bwd"], q, k, v, qo, ko, do),
-                                                          emu[:3]))
+    errs["emulation"] = max(rel_err(g, e) for g, e in zip(grads["fp8 fwd+bwd"], emu[:3]))
     return errs
 
 

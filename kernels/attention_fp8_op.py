@@ -42,6 +42,7 @@ from kernels.attention_op import (
     backward_launches,
     descriptors_pay,
     eager_call,
+    fake_grads,
     input_grads,
     no_token_grads,
     work_list,
@@ -302,10 +303,7 @@ def jagged_attn_fp8_bwd(
 def _(do, q, k, v, out, lse, q_codes, q_scale, k_codes, k_scale, v_codes, v_scale, q_offsets, kv_offsets,
       num_targets, pos_weight, time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
       window, norm, len_key, q_len_hint, quant_block, work=None):
-    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
-    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
-             else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+    return fake_grads(q, k, v, pos_weight, time_weight)
 
 
 _SHARED = len(_NON_TENSOR)  # the forward's non-tensor arguments shared with the bf16 op; then quant_block,

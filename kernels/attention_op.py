@@ -312,10 +312,14 @@ def no_token_grads(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None,
 @jagged_attn_bwd.register_fake
 def _(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight, time_weight, q_timestamps,
       kv_timestamps, activation, causal, scale, block_size, window, norm, len_key, q_len_hint, work=None):
-    dpos = pos_weight.new_empty(pos_weight.shape) if pos_weight is not None else q.new_empty((0,), dtype=torch.float32)
-    dtime = (time_weight.new_empty(time_weight.shape) if time_weight is not None
-             else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dtime
+    return fake_grads(q, k, v, pos_weight, time_weight)
+
+
+def fake_grads(q: Tensor, k: Tensor, v: Tensor, pos_weight: Tensor | None,
+               time_weight: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A backward op's outputs as fake tensors (shapes and dtypes of ``no_token_grads``)."""
+    table = lambda t: t.new_empty(t.shape) if t is not None else q.new_empty((0,), dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), table(pos_weight), table(time_weight)
 
 
 _NON_TENSOR = ("activation", "causal", "scale", "block_size", "window", "norm", "len_key", "q_len_hint")

@@ -14,9 +14,8 @@ the o tile next to its dO tile (so the dq kernel runs first); pointwise: ``ds = 
 
 ``FP8``: the two score products, S = QK^T and dP = dO V^T, run on e4m3 tensor cores from row-major codes of q, k,
 v and dO (``CODES``: one power-of-two scale per (row block of ``QUANT_BLOCK`` tokens, head), from each row's first
-block; dO shares Q's blocks, V K's). Their
-operands are contiguous along the head dim, the reduction of both, as Hopper's FP8 instructions read them, so
-no transposed copy is needed. dV, dK and dQ stay bf16 products of P / dS with the unquantized dO, Q and K.
+block; dO shares Q's blocks, V K's). Their operands are contiguous along the head dim, the reduction of both,
+as Hopper's FP8 instructions read them, so no transposed copy is needed. dV, dK and dQ stay bf16 products of P / dS with the unquantized dO, Q and K.
 """
 
 from __future__ import annotations
@@ -158,7 +157,8 @@ def _dkdv_tile(
     ``WIDE``: a loop over few tiles near the diagonal (see ``table_grad_span``); keys at positions
     ``k_first .. k_last`` with timestamps in ``tk_min .. tk_max``. ``MASKED=False``: a whole Q tile
     (inside the row) whose every query sees every key of the KV tile (no visibility mask, no bounds).
-    ``FP8``: ``k`` and ``v`` are the KV tile's codes, ``sk`` (times ``qk_scale``) and ``sv`` their per-key scales."""
+    ``FP8``: ``k`` and ``v`` are the KV tile's codes, ``sk`` (times ``qk_scale``) and ``sv`` its two scales (the
+    tile lies in one scale block); the Q tile's scales are per query (its start need not be a multiple of it)."""
     offs_m, m_ok, q, do, ts_q = stream_rows(Q, DO, QD, DOD, QTS, q_start, start_m, m_end, h, offs_d, d_ok, H,
                                             HEAD_DIM, BLOCK_M, MASKED, EVEN_D, USE_TMA, HAS_TIME)
     q8 = q  # the score products' operands: the codes under FP8
@@ -235,8 +235,8 @@ def _dq_tile(
 ):
     """One KV tile of the dq loop (``MASKED=False`` as in the forward: a whole tile every query sees;
     rows past the row's end have do = 0 and lse = +inf, so they add nothing). ``FP8``: ``q`` and ``do8`` are
-    the Q tile's codes, ``sq`` (times ``qk_scale``) and ``sdo`` their per-query scales; K and V stream as
-    codes for the score products, and K in bf16 for dQ."""
+    the Q tile's codes, ``sq`` (times ``qk_scale``) and ``sdo`` its two scales (the tile lies in one scale
+    block); K and V stream as codes with per-key scales for the score products, and K in bf16 for dQ."""
     if FP8:
         offs_n, n_ok, k8, v, ts_k = stream_rows(CODES[C_K], CODES[C_V], CODES[C_KD], CODES[C_VD], KTS, kv_start,
                                                 start_n, hi, h, offs_d, d_ok, H, HEAD_DIM, BLOCK_N, MASKED, EVEN_D,

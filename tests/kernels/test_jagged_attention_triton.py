@@ -71,6 +71,8 @@ def test_shapes_property(lengths, dim, heads, act, causal):
 
 
 def test_flop_counter_counts_useful_flops():
+    import kernels.attention_op  # noqa: F401  (registers the flop formulas before the counter snapshots them)
+
     p = make_problem(seed=103, lq=[9, 20, 1], lk=[9, 20, 1], bias=False)
     q, k, v = (t.float().requires_grad_() for t in (p.q, p.k, p.v))
     with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:

@@ -2,6 +2,8 @@
 
     python benchmarks/attention_fp8_bwd.py            # batch A (device README), 5 back-to-back calls per timing
     python benchmarks/attention_fp8_bwd.py B calls=1
+    python benchmarks/attention_fp8_bwd.py A rows=causal,silu   # only the cases whose label contains a word given
+    python benchmarks/attention_fp8_bwd.py A profile            # and each arm's backward kernels, GPU us per call
 
 Three arms per case, on the same bf16 inputs: our bf16 kernels; the FP8 forward with the straight-through
 bf16 backward (``fp8_backward=False``); the FP8 forward with the FP8 backward (its score products S = QK^T and
@@ -15,6 +17,7 @@ against float64 gradients of unquantized attention, and of the FP8 backward agai
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -70,6 +73,28 @@ def _time_arm(fn, q, k, v, qo, ko, do, calls: int) -> tuple[float, float]:
     return cuda_time(step, calls=calls), cuda_time(back, calls=calls)
 
 
+def _profile(kw: dict, q, k, v, qo, ko, do, calls: int) -> str:
+    """Each arm's backward: GPU time per call of every kernel it launches (the profiler's device time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lines = []
+    for name, fn in _arms(kw).items():
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, qo, ko)
+        torch.autograd.grad(out, leaves, do, retain_graph=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                torch.autograd.grad(out, leaves, do, retain_graph=True)
+            torch.cuda.synchronize()
+        kernels = sorted(((e.self_device_time_total / calls, e.key) for e in prof.key_averages()
+                          if e.self_device_time_total > 0), reverse=True)
+        total = sum(us for us, _ in kernels)
+        lines.append(f"  {name} backward: {total:.0f} us GPU per call: "
+                     + ", ".join(f"{key[:48]} {us:.0f}" for us, key in kernels[:6]))
+    return "\n".join(lines)
+
+
 def _times(kw: dict, q, k, v, qo, ko, do, calls: int) -> dict:
     return {name: _time_arm(fn, q, k, v, qo, ko, do, calls) for name, fn in _arms(kw).items()}
 
@@ -80,7 +105,9 @@ def main(argv: list[str]) -> None:
     if not torch.cuda.is_available():
         sys.exit("attention_fp8_bwd.py times the kernels on the GPU: run it on a CUDA machine")
     calls = next((int(a[6:]) for a in argv if a.startswith("calls=")), 5)
-    name = next((a for a in argv if not a.startswith("calls=")), "A")
+    rows = next((a[5:].split(",") for a in argv if a.startswith("rows=")), None)
+    profiled = "profile" in argv
+    name = next((a for a in argv if not a.startswith(("calls=", "rows=")) and a != "profile"), "A")
     x = fp8_inputs(name)
     B, max_len, H, D, T = x.B, x.max_len, x.H, x.D, x.T
     offs, q, k, v, qc, qo_c, ts = x.offs, x.q, x.k, x.v, x.qc, x.qo_c, x.ts
@@ -97,6 +124,8 @@ def main(argv: list[str]) -> None:
              ("causal softmax + pos/time bias", dict(causal=True, bias=bias)),
              ("causal silu", dict(causal=True, activation="silu")), ("cross attention (Lq=16)", dict(cross=True))]
     for label, kw in cases:
+        if rows and not any(word in label for word in rows):
+            continue
         kw = dict(kw)
         cross = kw.pop("cross", False)
         qx, dox, qo = (qc, doc, qo_c) if cross else (q, do, offs)
@@ -108,13 +137,16 @@ def main(argv: list[str]) -> None:
             errs = _errors(sub_kw, qx[:sub_q], k[:cut], v[:cut], qo[:ERR_ROWS + 1], offs[:ERR_ROWS + 1], dox[:sub_q])
             t = _times(kw, qx, k, v, qo, offs, dox, calls)
         except Exception as e:  # report and go on: one broken case must not hide the others
-            print(f"| {label} | ERROR {type(e).__name__}: {str(e)[:300]} |", flush=True)
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_tb(e.__traceback__)[::-1][:6])
+            print(f"| {label} | ERROR {type(e).__name__}: {str(e)[:300]} at {where} |", flush=True)
             torch.cuda.empty_cache()
             continue
         bf, f8f, f8 = t["bf16"], t["fp8 fwd, bf16 bwd"], t["fp8 fwd+bwd"]
         print(f"| {label} | {bf[0]:.3f} | {f8f[0]:.3f} | {f8[0]:.3f} | {bf[1]:.3f} | {f8f[1]:.3f} | {f8[1]:.3f} | "
               f"{bf[0] / f8[0]:.2f}x | {bf[1] / f8[1]:.2f}x | {errs['bf16']:.1e} / {errs['fp8 fwd, bf16 bwd']:.1e} / "
               f"{errs['fp8 fwd+bwd']:.1e} | {errs['emulation']:.1e} |", flush=True)
+        if profiled:
+            print(_profile(kw, qx, k, v, qo, offs, dox, calls), flush=True)
         torch.cuda.empty_cache()
 
 

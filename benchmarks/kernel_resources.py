@@ -102,6 +102,23 @@ def _sass_counts(cubin: bytes) -> dict:
     return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "LDL", "STL", "BAR")}
 
 
+def _launcher_builds(kernel) -> str:
+    """Whether the driver can build the kernel's launcher from its signature (on the GPU that happens at the first
+    launch, after compiling): Triton's CUDA launcher counts tensor descriptors at the signature's top level only,
+    so a descriptor inside a tuple argument compiles and then fails there."""
+    from triton.backends.nvidia import driver as cuda_driver
+
+    signature, meta = dict(kernel.src.signature), getattr(kernel.metadata, "tensordesc_meta", None)
+    try:
+        if hasattr(cuda_driver, "expand_signature"):
+            cuda_driver.expand_signature(signature.values(), meta)
+        else:  # triton 3.6 expands it while writing the launcher's C source
+            cuda_driver.make_launcher({}, signature, meta)
+    except AssertionError:
+        return "no"
+    return "yes"
+
+
 def _parse(argv: list[str]) -> dict:
     if any(a in ("-h", "--help") for a in argv):
         sys.exit(__doc__)
@@ -149,8 +166,8 @@ def main(argv: list[str]) -> None:
     out.backward(torch.ones_like(out))
 
     print(f"sm_{ARCH}a, triton {triton.__version__}, {opts}")
-    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | QGMMA | LDL | STL | local_alloc (ttgir) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | QGMMA | LDL | STL | local_alloc (ttgir) | launcher |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in compiled:
         if c is None:
             continue
@@ -159,7 +176,7 @@ def main(argv: list[str]) -> None:
         sass = _sass_counts(c.asm["cubin"])
         allocs = len(re.findall(r"ttg\.local_alloc", c.asm["ttgir"]))
         print(f"| {md.name} | {md.num_warps} | {md.num_stages} | {res['regs']} | {res['spill']} | {md.shared} | "
-              f"{sass['HGMMA']} | {sass['QGMMA']} | {sass['LDL']} | {sass['STL']} | {allocs} |")
+              f"{sass['HGMMA']} | {sass['QGMMA']} | {sass['LDL']} | {sass['STL']} | {allocs} | {_launcher_builds(c)} |")
         dump = os.environ.get("KERNEL_RESOURCES_DUMP")
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)

@@ -258,9 +258,7 @@ def backward_launches(
     key = _launch_key(len_key, q, q_offsets, q_timestamps)
     tma = plan["tma"]
     qd, kd, vd, dod = (descriptor(t, tma) for t in (q, k, v, do))
-    fp8 = None  # the kernels' CODES tuple (attention_triton_bwd.C_Q ...)
-    if codes is not None:
-        fp8 = (codes.q, codes.k, codes.v, codes.do, *(descriptor(t, tma) for t in codes[:4]), *codes[4:10])
+    fp8 = None if codes is None else tuple(codes[:10])  # the kernels' CODES tuple (attention_triton_bwd.C_Q ...)
     meta.update(FP8=codes is not None, QUANT_BLOCK=0 if codes is None else codes.block)
     launch(jagged_attn_bwd_dq_kernel, (work_q.shape[0] * q.shape[1],), (
         q, k, v, do, out, kd, vd, fp8, lse, delta, dq, q_offsets,

@@ -1,7 +1,7 @@
 """The attention backward compiled for sm_90 on this CPU machine (``benchmarks/kernel_resources.py``): without bias
 tables the dk/dv kernels compute [keys, queries] tiles, so no register tile is transposed on its way to a tensor-core
 product, every kernel runs Hopper's tensor-core instructions (HGMMA), and the FP8 backward's score products take the
-e4m3 ones (QGMMA)."""
+e4m3 ones (QGMMA); and the driver builds every kernel's launcher."""
 
 import os
 import subprocess
@@ -42,6 +42,7 @@ def test_dkdv_tiles_without_tables_transpose_nothing(tmp_path, mask, dkdv):
     for name, row in rows.items():
         if "attn" in name:
             assert int(row["HGMMA"]) > 0, (name, row)
+        assert row["launcher"] == "yes", (name, row)
 
 
 @pytest.mark.slow
@@ -54,3 +55,5 @@ def test_fp8_backward_runs_its_score_products_on_fp8_tensor_cores(tmp_path):
         assert "tt.trans" not in ir[name]
     for name in ("jagged_attn_bwd_dq_kernel", "jagged_attn_bwd_dkdv_kernel"):
         assert int(rows[name]["HGMMA"]) > 0, (name, rows[name])
+    for name, row in rows.items():  # a tensor descriptor inside the CODES tuple compiled, then failed to launch
+        assert row["launcher"] == "yes", (name, row)

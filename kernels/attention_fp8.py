@@ -20,7 +20,9 @@ compute their two score products in e4m3: S = QK^T from the forward's codes of q
 dO quantized in q's blocks and V's codes (row-major, written by the forward's quantize launch). P (softmax:
 ``exp(S - lse)`` with the forward's log-sum-exp) and dS stay fp32 in registers, and dV = P^T dO, dQ = dS K,
 dK = dS^T Q are bf16 products with the unquantized dO, K and Q (``jagged_attention_fp8_bwd_ref`` is this
-arithmetic in float64). The reference path (CPU) runs that function as its backward.
+arithmetic in float64). The reference path (CPU) runs that function as its backward. On an H200 the FP8
+backward is slower than the bf16 one (its dk/dv kernel streams Q and dO twice, bf16 and codes: benchmarks/RESULTS.md), so
+straight-through is the default.
 
 ``jagged_attention_fp8_ref`` runs the same quantized arithmetic in PyTorch: quantize -> dequantize ->
 ``jagged_attention_ref`` (with ``quantize_p=False``), or, with ``quantize_p=True`` (default), a padded

@@ -217,16 +217,16 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-# Tile shapes (rows, cols, warps) per (block, mode); chosen on an H200 by benchmarks/fp8_linear.py.
-# Best of a sweep on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29). Column blocks with TR == BLK
+# Tile shapes (rows, cols, warps) per (block, mode): best of sweeps on an H200 (benchmarks/fp8_linear.py --sweep,
+# 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01). Column blocks with TR == BLK
 # take the transpose-the-codes path.
 TILES: dict[tuple[int, str], tuple[int, int, int]] = {
     (32, "row"): (8, 512, 4),
     (32, "col"): (32, 128, 4),
-    (32, "both"): (32, 256, 4),
+    (32, "both"): (32, 128, 2),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
-    (128, "both"): (128, 128, 8),
+    (128, "both"): (128, 128, 4),
 }
 
 

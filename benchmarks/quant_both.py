@@ -1,0 +1,83 @@
+"""Both-layouts block casts on the GPU: tile shapes of the one-read kernel, and two launches, in one run.
+
+    PYTHONPATH=. python benchmarks/quant_both.py            # 65536x4096 bf16, 1x128 (fp32 scales) and MX (E8M0)
+
+``kernels.mx_triton.quantize(x, block, ..., row=True, col=True)`` writes x's codes in both layouts (rows blocked
+along the columns, and the transposed layout blocked along the rows) from one read of x; "two launches" is the rows
+cast and the columns cast apart (two reads, each with its shipped tiles), as ``kernels.mx.quantize_1x128_both``
+does. Each configuration is checked bit for bit against the shipped one-read configuration's codes and scales
+(``mx_triton.TILES``, the first row), then timed (median of ``triton.testing.do_bench``); bandwidth counts x read
+once plus the bytes written, against a device copy of x in the same run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import mx_triton  # noqa: E402
+
+SHAPE = (65536, 4096)
+# one-read tiles (rows, cols, warps) tried after the shipped ones; rows = the block (the transpose-the-codes path)
+TILES = {
+    128: [(128, 128, 8), (128, 128, 2), (128, 128, 16), (128, 256, 4), (128, 256, 8)],
+    32: [(32, 256, 4), (32, 128, 4), (32, 64, 2), (32, 128, 1), (32, 256, 2), (32, 512, 8)],
+}
+
+
+def _bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
+    e8m0 = block == 32
+    shipped = mx_triton.TILES[(block, "both")]
+    calls = [(f"one read {t}{' (shipped)' if t == shipped else ''}",
+              lambda t=t: mx_triton.quantize(x, block, e8m0, True, True, tiles=t))
+             for t in [shipped] + [t for t in TILES[block] if t != shipped]]
+    calls.append(("two launches", lambda: (mx_triton.quantize(x, block, e8m0, True, False)[0],
+                                           mx_triton.quantize(x, block, e8m0, False, True)[1])))
+    return calls
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("quant_both.py times kernels on the GPU: run it on a CUDA machine")
+    torch.manual_seed(0)
+    x = torch.randn(*SHAPE, device="cuda", dtype=torch.bfloat16)
+    copy_ms = _bench(lambda: x.clone())
+    copy_tbps = 2 * x.numel() * 2 / copy_ms / 1e9
+    print(f"### both-layouts casts, {SHAPE[0]}x{SHAPE[1]} bf16; copy {copy_ms:.3f} ms, {copy_tbps:.2f} TB/s "
+          "(read + write)\n")
+    print("| block | configuration | ms | TB/s | % of copy | shipped one-read / this | same codes |")
+    print("|---|---|---|---|---|---|---|")
+    for block in TILES:
+        written = 2 * (x.numel() + x.numel() // block * (1 if block == 32 else 4))
+        nbytes = x.numel() * 2 + written
+        base = None
+        for label, call in _calls(block, x):
+            try:
+                (q, s, _), (qt, st, _) = call()
+                got = [_bits(t) for t in (q, s, qt, st)]
+                ms = _bench(call)
+            except Exception as e:  # one configuration that does not compile must not hide the others
+                print(f"| {block} | {label} | ERROR {type(e).__name__}: {str(e)[:200]} |", flush=True)
+                continue
+            base = base or (ms, got)
+            same = all(torch.equal(a, b) for a, b in zip(got, base[1]))
+            tbps = nbytes / ms / 1e9
+            print(f"| {block} | {label} | {ms:.3f} | {tbps:.2f} | {100 * tbps / copy_tbps:.0f}% | "
+                  f"{base[0] / ms:.2f}x | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

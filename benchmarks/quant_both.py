@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import mx_triton  # noqa: E402
 
 SHAPE = (65536, 4096)
-# one-read tiles (rows, cols, warps) tried after the shipped ones; rows = the block (the transpose-the-codes path)
+# one-read tiles (rows, cols, warps) tried after the shipped ones: rows = the block transposes the codes (one
+# column block per tile), more rows transpose the fp32 tile (longer runs of each column's transposed codes)
 TILES = {
-    128: [(128, 128, 8), (128, 128, 2), (128, 128, 16), (128, 256, 4), (128, 256, 8)],
-    32: [(32, 256, 4), (32, 128, 4), (32, 64, 2), (32, 128, 1), (32, 256, 2), (32, 512, 8)],
+    128: [(128, 128, 8), (128, 128, 2), (256, 128, 8), (256, 128, 4)],
+    32: [(32, 256, 4), (32, 64, 2), (64, 128, 4), (128, 128, 4), (128, 64, 4), (64, 256, 4), (128, 128, 8),
+         (64, 64, 2), (128, 32, 4)],
 }
 
 

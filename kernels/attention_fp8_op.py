@@ -290,11 +290,12 @@ def jagged_attn_fp8_bwd(
     """``jagged_attn_bwd`` with the score products on the forward's codes and dO's (quantized here)."""
     if q.shape[0] == 0 or k.shape[0] == 0 or q_offsets.numel() <= 1:
         return no_token_grads(q, k, v, pos_weight, time_weight)
+    do = do.contiguous()
     q_plan, kv_plan = quant_plans(q, k, q_offsets, kv_offsets, quant_block)
-    doq, _ = quantize_jagged_triton(do.contiguous(), q_offsets, quant_block, plan=q_plan)
+    doq, _ = quantize_jagged_triton(do, q_offsets, quant_block, plan=q_plan)
     codes = ScoreCodes(q_codes, k_codes, v_codes, doq.data, q_scale, k_scale, v_scale, doq.scale,
                        q_plan.block_offsets, kv_plan.block_offsets, quant_block)
-    return backward_launches(do.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight,
+    return backward_launches(do, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, pos_weight,
                              time_weight, q_timestamps, kv_timestamps, activation, causal, scale, block_size,
                              window, norm, len_key, q_len_hint, work, codes)
 

@@ -51,7 +51,9 @@ def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
     return calls
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    if argv:  # no options: -h / --help and anything else print the usage
+        sys.exit(__doc__)
     if not torch.cuda.is_available():
         sys.exit("quant_both.py times kernels on the GPU: run it on a CUDA machine")
     torch.manual_seed(0)
@@ -82,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,9 +1,12 @@
 """Where one jagged attention forward+backward spends its time: host (Python, launches) vs GPU kernels.
 
-    python benchmarks/attention_profile.py B     # a standard batch of the device README
+    python benchmarks/attention_profile.py B            # a standard batch of the device README
+    python benchmarks/attention_profile.py A timeline   # the GPU's timeline of back-to-back backward calls
 
 Prints the wall time of one call against the summed GPU kernel time (a call whose wall time is well
 above its kernel time is bound by host work), then the top operators by host time and by GPU time.
+``timeline``: every kernel of ``calls`` back-to-back backward calls (causal, a kept graph) in GPU order, with
+its start, its duration and the idle gap before it, so time between kernels shows.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.attention import BATCHES, lengths, offsets_of
+from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of
 from benchmarks.attention_launch import per_call_us
 from kernels import jagged_attention
 
@@ -53,5 +56,41 @@ def main(name: str = "B", iters: int = 20) -> None:
     print(events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=48))
 
 
+def timeline(name: str = "A", calls: int = 3) -> None:
+    B, max_len, H, D = BATCHES[name]
+    lens = lengths(B, max_len)
+    offs = offsets_of(lens)
+    T = int(lens.sum())
+    q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    out = jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len)
+    bwd = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    for _ in range(5):
+        bwd()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            bwd()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    t0 = kernels[0].time_range.start
+    print(f"batch {name}: {calls} back-to-back backward calls, causal softmax; us from the first kernel's start\n")
+    print("| start us | gap before us | duration us | kernel |")
+    print("|---|---|---|---|")
+    prev_end = t0
+    for e in kernels:
+        r = e.time_range
+        print(f"| {r.start - t0:.0f} | {r.start - prev_end:.0f} | {r.elapsed_us():.0f} | {e.name[:60]} |")
+        prev_end = r.end
+    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    span = kernels[-1].time_range.end - t0
+    print(f"\nspan {span / calls:.0f} us per call, kernels {busy / calls:.0f} us per call, idle {(span - busy) / calls:.0f}; "
+          f"CUDA events without the profiler: {cuda_time(bwd, calls=5) * 1e3:.0f} us per call (5 back to back)")
+
+
 if __name__ == "__main__":
-    main(*(sys.argv[1:2] or ["B"]))
+    if "timeline" in sys.argv[1:]:
+        timeline(*[a for a in sys.argv[1:] if a != "timeline"][:1] or ["A"])
+    else:
+        main(*(sys.argv[1:2] or ["B"]))

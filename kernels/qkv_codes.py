@@ -47,54 +47,22 @@ class QkvCodes(NamedTuple):
     block: int
 
 
-# (BLOCK_K, warps, stages, output heads per program): measured on an H200 with benchmarks/qkv_codes.py.
-CONFIG = (64, 8, 3, 2)
-
-
-@triton.jit
-def _store_head(acc, n, BIAS, Q, K, V, QC, KC, VT, SQ, SK, SV, BLKOFF, COLS, stride_t, row, c, offs_t, end, offs_d,
-                H: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                CODES: tl.constexpr):
-    """Output head ``n`` (q heads, then k, then v) of one block: bias, the rounded tile and its codes."""
-    if HAS_BIAS:
-        acc += tl.load(BIAS + n * HEAD_DIM + offs_d).to(tl.float32)[None, :]
-    y = acc.to(Q.dtype.element_ty)
-    which = n // H
-    h = n % H
-    ptrs = offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-    ok = (offs_t < end)[:, None]
-    yf = tl.where(ok, y.to(tl.float32), 0.0)  # the codes are those of the stored (rounded) values
-    if which == 0:
-        tl.store(Q + ptrs, y, mask=ok)
-        if CODES:
-            store_codes(yf, QC, QC, SQ, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
-                        QUANT_BLOCK, False, True)
-    elif which == 1:
-        tl.store(K + ptrs, y, mask=ok)
-        if CODES:
-            store_codes(yf, KC, KC, SK, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
-                        QUANT_BLOCK, False, True)
-    else:
-        tl.store(V + ptrs, y, mask=ok)
-        if CODES:
-            store_codes(yf, VT, VT, SV, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
-                        QUANT_BLOCK, True, False)
+# (BLOCK_K, warps, stages): measured on an H200 with benchmarks/qkv_codes.py.
+CONFIG = (64, 8, 3)
 
 
 @triton.jit
 def qkv_codes_kernel(
     X, XD, W, WD, BIAS, Q, K, V, QC, KC, VT, SQ, SK, SV, OFF, BLKOFF, WORK, COLS, stride_t, d_in,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-    HEADS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, PREC: tl.constexpr, CODES: tl.constexpr,
+    HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, PREC: tl.constexpr,
 ):
-    """A program per (work item = scale block of a row, ``HEADS`` consecutive output heads of q/k/v; 1 or 2, two
-    sharing each ``x`` tile): the ``[QUANT_BLOCK, HEAD_DIM]`` tiles of ``x @ W^T + b``, stored in ``X``'s dtype
-    and (``CODES``) as codes. Heads vary fastest, so the programs that read one ``x`` tile run together (it
-    stays in L2)."""
+    """A program per (work item = scale block of a row, output head of q/k/v): the ``[QUANT_BLOCK, HEAD_DIM]``
+    tile of ``x @ W^T + b``, stored in ``X``'s dtype and as codes. Heads vary fastest, so the programs that read
+    one ``x`` tile run together (it stays in L2)."""
     pid = tl.program_id(0)
-    groups: tl.constexpr = 3 * H // HEADS
-    item = pid // groups
-    n = (pid % groups) * HEADS  # first output head
+    item = pid // (3 * H)
+    n = pid % (3 * H)  # output head: q heads, then k, then v
     row = tl.load(WORK + 2 * item)
     if row >= 0:
         c = tl.load(WORK + 2 * item + 1)
@@ -104,30 +72,38 @@ def qkv_codes_kernel(
         offs_t = t0 + tl.arange(0, QUANT_BLOCK)
         offs_d = tl.arange(0, HEAD_DIM)
         offs_k = tl.arange(0, BLOCK_K)
-        acc0 = tl.zeros([QUANT_BLOCK, HEAD_DIM], dtype=tl.float32)
-        acc1 = tl.zeros([QUANT_BLOCK, HEAD_DIM], dtype=tl.float32)
+        acc = tl.zeros([QUANT_BLOCK, HEAD_DIM], dtype=tl.float32)
         for k0 in range(0, d_in, BLOCK_K):
             if USE_TMA:  # rows past the jagged row hold the next row's tokens (zeros past the tensor): not stored
                 x = XD.load([t0.to(tl.int32), k0])
-                w0 = WD.load([n * HEAD_DIM, k0])
-                if HEADS == 2:
-                    w1 = WD.load([(n + 1) * HEAD_DIM, k0])
+                w = WD.load([n * HEAD_DIM, k0])
             else:
                 k_ok = (k0 + offs_k) < d_in
                 x = tl.load(X + offs_t[:, None] * d_in + (k0 + offs_k)[None, :],
                             mask=(offs_t < end)[:, None] & k_ok[None, :], other=0.0)
-                w_ptrs = W + (n * HEAD_DIM + offs_d).to(tl.int64)[:, None] * d_in + (k0 + offs_k)[None, :]
-                w0 = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-                if HEADS == 2:
-                    w1 = tl.load(w_ptrs + HEAD_DIM * d_in, mask=k_ok[None, :], other=0.0)
-            acc0 = tl.dot(x, tl.trans(w0), acc0, input_precision=PREC)
-            if HEADS == 2:
-                acc1 = tl.dot(x, tl.trans(w1), acc1, input_precision=PREC)
-        _store_head(acc0, n, BIAS, Q, K, V, QC, KC, VT, SQ, SK, SV, BLKOFF, COLS, stride_t, row, c, offs_t, end,
-                    offs_d, H, HEAD_DIM, QUANT_BLOCK, HAS_BIAS, CODES)
-        if HEADS == 2:
-            _store_head(acc1, n + 1, BIAS, Q, K, V, QC, KC, VT, SQ, SK, SV, BLKOFF, COLS, stride_t, row, c, offs_t,
-                        end, offs_d, H, HEAD_DIM, QUANT_BLOCK, HAS_BIAS, CODES)
+                w = tl.load(W + (n * HEAD_DIM + offs_d).to(tl.int64)[:, None] * d_in + (k0 + offs_k)[None, :],
+                            mask=k_ok[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + n * HEAD_DIM + offs_d).to(tl.float32)[None, :]
+        y = acc.to(Q.dtype.element_ty)
+        which = n // H
+        h = n % H
+        ptrs = offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        ok = (offs_t < end)[:, None]
+        yf = tl.where(ok, y.to(tl.float32), 0.0)  # the codes are those of the stored (rounded) values
+        if which == 0:
+            tl.store(Q + ptrs, y, mask=ok)
+            store_codes(yf, QC, QC, SQ, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
+                        QUANT_BLOCK, False, True)
+        elif which == 1:
+            tl.store(K + ptrs, y, mask=ok)
+            store_codes(yf, KC, KC, SK, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
+                        QUANT_BLOCK, False, True)
+        else:
+            tl.store(V + ptrs, y, mask=ok)
+            store_codes(yf, VT, VT, SV, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d, H, HEAD_DIM,
+                        QUANT_BLOCK, True, False)
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None, heads: int, block: int) -> int:
@@ -146,11 +122,10 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, heads: int, block: in
 
 
 def qkv_codes(x: Tensor, weight: Tensor, bias: Tensor | None, offsets: Tensor, heads: int,
-              block: int = DEFAULT_QUANT_BLOCK, plan: QuantPlan | None = None, codes: bool = True) -> QkvCodes:
+              block: int = DEFAULT_QUANT_BLOCK, plan: QuantPlan | None = None) -> QkvCodes:
     """``x [ΣL, d_in] @ weight [3*H*D, d_in]^T + bias`` as q, k, v ``[ΣL, H, D]`` (q's heads first, as
     ``nn.Linear(d, 3 * d)``'s rows), with their e4m3 codes in ``block``-token scale blocks of the jagged rows of
-    ``offsets``: one Triton launch. ``plan``: ``quant_plan(offsets, block, len(x))`` if already built.
-    ``codes=False``: q, k and v only (the codes unwritten; benchmarks/qkv_codes.py times the epilogue with it)."""
+    ``offsets``: one Triton launch. ``plan``: ``quant_plan(offsets, block, len(x))`` if already built."""
     d = _check(x, weight, bias, heads, block)
     total = x.shape[0]
     plan = plan if plan is not None else quant_plan(offsets, block, total)
@@ -160,17 +135,16 @@ def qkv_codes(x: Tensor, weight: Tensor, bias: Tensor | None, offsets: Tensor, h
     vd, vs, vt = _outputs(v, offsets, block, True, False)
     x, weight = x.contiguous(), weight.contiguous()
     if plan.n_items > 0:
-        block_k, warps, stages, heads_per_program = CONFIG if not INTERPRET else (32, 4, 1, 2)
-        heads_per_program = heads_per_program if (3 * heads) % heads_per_program == 0 else 1
+        block_k, warps, stages = CONFIG if not INTERPRET else (32, 4, 1)
         block_k = min(block_k, max(16, triton.next_power_of_2(x.shape[1])))
         tma = on_hopper(x) and x.shape[1] % 8 == 0 and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
         xd = TensorDescriptor(x, list(x.shape), [x.shape[1], 1], [block, block_k]) if tma else x
         wd = TensorDescriptor(weight, list(weight.shape), [weight.shape[1], 1], [d, block_k]) if tma else weight
-        qkv_codes_kernel[(plan.n_items * 3 * heads // heads_per_program,)](
+        qkv_codes_kernel[(plan.n_items * 3 * heads,)](
             x, xd, weight, wd, bias if bias is not None else weight, q, k, v, qd, kd, vt, qs, ks, vs, offsets,
             plan.block_offsets, plan.work, plan.columns, vt.stride(0), x.shape[1], H=heads, HEAD_DIM=d,
-            QUANT_BLOCK=block, BLOCK_K=block_k, HEADS=heads_per_program, HAS_BIAS=bias is not None, USE_TMA=tma,
-            PREC="ieee" if x.dtype == torch.float32 else "tf32", CODES=codes, num_warps=warps, num_stages=stages,
+            QUANT_BLOCK=block, BLOCK_K=block_k, HAS_BIAS=bias is not None, USE_TMA=tma,
+            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
         )
     qq, kq = _results(qd, qs, plan)[0], _results(kd, ks, plan)[0]
     vq, v_t = _results(vd, vs, plan, vt)

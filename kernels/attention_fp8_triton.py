@@ -301,7 +301,10 @@ def jagged_attn_fp8_fwd_kernel(
 def _quant_block(X, OUT, OUT_T, SCALE, OFF, BLKOFF, WORK, COLS, stride_t, item, h,
                  H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_BLOCK: tl.constexpr,
                  TRANSPOSED: tl.constexpr, ROW_MAJOR: tl.constexpr):
-    """One (row block, head) of work item ``item``: its tile of ``X`` through ``store_codes``."""
+    """One (row block, head) of work item ``item``: power-of-two scale from the block's |x| max, e4m3 codes
+    (round to nearest even, bit-identical to ``kernels.attention_fp8.quantize_jagged``): ``[tokens, H, D]``
+    (``ROW_MAJOR``) and/or the transposed copy (``TRANSPOSED``: ``attention_fp8_op.TransposedCodes``, row
+    starts ``COLS``)."""
     row = tl.load(WORK + 2 * item)
     if row >= 0:
         c = tl.load(WORK + 2 * item + 1)
@@ -310,37 +313,24 @@ def _quant_block(X, OUT, OUT_T, SCALE, OFF, BLKOFF, WORK, COLS, stride_t, item, 
         offs_t = start + c * QUANT_BLOCK + tl.arange(0, QUANT_BLOCK)
         offs_d = tl.arange(0, BLOCK_D)
         ok = (offs_t < end)[:, None] & (offs_d < HEAD_DIM)[None, :]
-        x = tl.load(X + offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :], mask=ok, other=0.0)
-        store_codes(x.to(tl.float32), OUT, OUT_T, SCALE, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d,
-                    H, HEAD_DIM, QUANT_BLOCK, TRANSPOSED, ROW_MAJOR)
-
-
-@triton.jit
-def store_codes(x, OUT, OUT_T, SCALE, BLKOFF, COLS, stride_t, row, c, offs_t, end, h, offs_d,
-                H: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT_BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr,
-                ROW_MAJOR: tl.constexpr):
-    """The e4m3 codes of block ``c`` of jagged row ``row`` and head ``h``: ``x`` its fp32 ``[QUANT_BLOCK,
-    BLOCK_D]`` tile (tokens ``offs_t``, zeros past ``end`` and ``HEAD_DIM``). Power-of-two scale from the tile's
-    |x| max, codes rounded to nearest even (bit-identical to ``kernels.attention_fp8.quantize_jagged``), stored
-    ``[tokens, H, D]`` (``ROW_MAJOR``) and/or transposed (``TRANSPOSED``: ``attention_fp8_op.TransposedCodes``,
-    row starts ``COLS``), and the scale."""
-    ok = (offs_t < end)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    amax = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)  # NaN > Inf > finite
-    inv, stored, bad = input_scale(amax)
-    y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
-    code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
-    if ROW_MAJOR:
-        tl.store(OUT + offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :], code, mask=ok)
-    if TRANSPOSED:  # tokens as the fast dim of the store (coalesced); the transpose goes through the tile
-        col0 = tl.multiple_of(tl.load(COLS + row), 16).to(tl.int64)  # rows start on 16-byte boundaries
-        local = c * QUANT_BLOCK + tl.arange(0, QUANT_BLOCK)
-        width = tl.load(COLS + row + 1).to(tl.int64) - col0  # the row's length rounded up: zeros after it
-        code_t = tl.where((offs_t < end)[None, :], tl.trans(code), 0)
-        t_ptrs = (h * HEAD_DIM + offs_d).to(tl.int64)[:, None] * stride_t + (col0 + local)[None, :]
-        # Both sides multiples of 16: the mask holds over runs of 16 tokens, so the stores are 16 bytes wide.
-        in_row = (local // 16) < (width // 16)
-        tl.store(OUT_T + t_ptrs, code_t, mask=(offs_d < HEAD_DIM)[:, None] & in_row[None, :])
-    tl.store(SCALE + (tl.load(BLKOFF + row) + c) * H + h, stored)
+        ptrs = offs_t[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        x = tl.load(X + ptrs, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)  # NaN > Inf > finite
+        inv, stored, bad = input_scale(amax)
+        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
+        code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
+        if ROW_MAJOR:
+            tl.store(OUT + ptrs, code, mask=ok)
+        if TRANSPOSED:  # tokens as the fast dim of the store (coalesced); the transpose goes through the tile
+            col0 = tl.multiple_of(tl.load(COLS + row), 16).to(tl.int64)  # rows start on 16-byte boundaries
+            local = c * QUANT_BLOCK + tl.arange(0, QUANT_BLOCK)
+            width = tl.load(COLS + row + 1).to(tl.int64) - col0  # the row's length rounded up: zeros after it
+            code_t = tl.where((offs_t < end)[None, :], tl.trans(code), 0)
+            t_ptrs = (h * HEAD_DIM + offs_d).to(tl.int64)[:, None] * stride_t + (col0 + local)[None, :]
+            # Both sides multiples of 16: the mask holds over runs of 16 tokens, so the stores are 16 bytes wide.
+            in_row = (local // 16) < (width // 16)
+            tl.store(OUT_T + t_ptrs, code_t, mask=(offs_d < HEAD_DIM)[:, None] & in_row[None, :])
+        tl.store(SCALE + (tl.load(BLKOFF + row) + c) * H + h, stored)
 
 
 @triton.jit

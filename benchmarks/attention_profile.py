@@ -6,11 +6,13 @@
 Prints the wall time of one call against the summed GPU kernel time (a call whose wall time is well
 above its kernel time is bound by host work), then the top operators by host time and by GPU time.
 ``timeline``: every kernel of ``calls`` back-to-back backward calls (causal, a kept graph) in GPU order, with
-its start, its duration and the idle gap before it, so time between kernels shows.
+its start, its duration and the idle gap before it, so time between kernels shows; then the SM clock and power
+draw under sustained calls (``nvidia-smi``).
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -22,13 +24,17 @@ from benchmarks.attention_launch import per_call_us
 from kernels import jagged_attention
 
 
-def main(name: str = "B", iters: int = 20) -> None:
+def _inputs(name: str) -> tuple:
+    """(max_len, offsets, q, k, v leaves, dO) of a standard batch, bf16."""
     B, max_len, H, D = BATCHES[name]
     lens = lengths(B, max_len)
-    offs = offsets_of(lens)
     T = int(lens.sum())
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    return max_len, offsets_of(lens), q, k, v, torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+
+
+def main(name: str = "B", iters: int = 20) -> None:
+    max_len, offs, q, k, v, do = _inputs(name)
 
     def step() -> None:
         for t in (q, k, v):
@@ -57,12 +63,7 @@ def main(name: str = "B", iters: int = 20) -> None:
 
 
 def timeline(name: str = "A", calls: int = 3) -> None:
-    B, max_len, H, D = BATCHES[name]
-    lens = lengths(B, max_len)
-    offs = offsets_of(lens)
-    T = int(lens.sum())
-    q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    max_len, offs, q, k, v, do = _inputs(name)
     out = jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len)
     bwd = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
     for _ in range(5):
@@ -87,6 +88,20 @@ def timeline(name: str = "A", calls: int = 3) -> None:
     span = kernels[-1].time_range.end - t0
     print(f"\nspan {span / calls:.0f} us per call, kernels {busy / calls:.0f} us per call, idle {(span - busy) / calls:.0f}; "
           f"CUDA events without the profiler: {cuda_time(bwd, calls=5) * 1e3:.0f} us per call (5 back to back)")
+    for _ in range(20):  # sustained load: the clocks and power the timed calls ran at
+        bwd()
+    print(f"while running: {_smi('clocks.sm,clocks.max.sm,power.draw,power.limit')} (SM MHz, max SM MHz, W, W limit)")
+    torch.cuda.synchronize()
+
+
+def _smi(fields: str) -> str:
+    """``nvidia-smi --query-gpu=fields`` of the current GPU, or why it could not be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader",
+                              f"--id={torch.cuda.current_device()}"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or out.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"nvidia-smi unavailable ({type(e).__name__})"
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ dO tiles of the query tiles a key tile sees into a ring of shared-memory stages 
 hand-over); the default partition holds K and V in shared memory and runs the four products per pair on wgmma,
 with P^T and dS^T as register operands (the [keys, queries] tiles of ``attention_triton_bwd``). It reads the
 forward's log-sum-exp and softmax's delta as the Triton kernel does. Not wired into ``kernels``: on an H200 it
-is slower than the Triton kernel (benchmarks/RESULTS.md, "A warp-specialized dk/dv kernel in Gluon"); it is the
-starting point for the warp-specialized backward. The GPU run checks dK and dV against the Triton backward first,
+measured 0.85-0.92x the Triton kernel's speed (benchmarks/RESULTS.md, "A warp-specialized dk/dv kernel in Gluon");
+it is the starting point for the warp-specialized backward. The GPU run checks dK and dV against the Triton backward first,
 then times both kernels the same way (torch.profiler kernel time) and prints the ratio. ``--offline`` prints
 registers, spills and the warp-specialization markers; the CPU test runs it.
 """

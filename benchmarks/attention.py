@@ -84,21 +84,28 @@ def cuda_time(fn: Callable[[], object], reps: int = 10, warmup: int = 2, warm_ms
     return statistics.median(times)
 
 
-def gpu_ms(fn: Callable[[], object], calls: int = 5) -> float:
-    """Milliseconds of GPU kernel time per call of ``fn`` (torch.profiler; 0 without a GPU): what the call
-    costs the GPU when the host keeps up."""
-    if not torch.cuda.is_available():
-        return 0.0
+def profiled_kernels(fn: Callable[[], object], calls: int = 5, warmup: int = 1) -> list:
+    """The CUDA kernel events (torch.profiler) of ``calls`` back-to-back calls of ``fn``, in GPU order, after
+    ``warmup`` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / calls
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+
+
+def gpu_ms(fn: Callable[[], object], calls: int = 5) -> float:
+    """Milliseconds of GPU kernel time per call of ``fn`` (torch.profiler; 0 without a GPU): what the call
+    costs the GPU when the host keeps up."""
+    if not torch.cuda.is_available():
+        return 0.0
+    return sum(e.time_range.elapsed_us() for e in profiled_kernels(fn, calls)) / 1e3 / calls
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

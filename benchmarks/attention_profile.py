@@ -19,7 +19,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of
+from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of, profiled_kernels
 from benchmarks.attention_launch import per_call_us
 from kernels import jagged_attention
 
@@ -66,15 +66,7 @@ def timeline(name: str = "A", calls: int = 3) -> None:
     max_len, offs, q, k, v, do = _inputs(name)
     out = jagged_attention(q, k, v, offs, offs, causal=True, max_kv_len=max_len)
     bwd = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
-    for _ in range(5):
-        bwd()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            bwd()
-        torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
+    kernels = profiled_kernels(bwd, calls, warmup=5)
     t0 = kernels[0].time_range.start
     print(f"batch {name}: {calls} back-to-back backward calls, causal softmax; us from the first kernel's start\n")
     print("| start us | gap before us | duration us | kernel |")

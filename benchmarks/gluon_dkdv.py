@@ -188,16 +188,9 @@ def offline() -> list[str]:
 
 def _kernel_us(fn, name: str, calls: int = 5) -> float:
     """Median GPU time of the kernels whose name starts with ``name`` over ``calls`` calls (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.attention import profiled_kernels
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times = sorted(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith(name))
+    times = sorted(e.time_range.elapsed_us() for e in profiled_kernels(fn, calls) if e.name.startswith(name))
     return times[len(times) // 2]
 
 

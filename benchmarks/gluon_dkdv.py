@@ -163,13 +163,9 @@ def gluon_dkdv(q, k, v, do, lse, delta, offsets, work, scale: float, causal: boo
 
 def offline() -> list[str]:
     """Each configuration compiled for sm_90a without a GPU (causal and full)."""
-    import re
+    from benchmarks.gluon_ws_gemm import offline_target, ws_report
 
-    from triton.runtime.driver import driver
-
-    from benchmarks.kernel_resources import _ptxas_report, _TargetOnlyDriver
-
-    driver.set_active(_TargetOnlyDriver())
+    offline_target()
     T, H, D = 1000, 8, 128
     x = torch.zeros(T, H, D, dtype=torch.bfloat16)
     stats = torch.zeros(T, H)
@@ -178,11 +174,9 @@ def offline() -> list[str]:
             "setmaxnreg of the partitions |", "|---|---|---|---|---|---|"]
     for causal in (True, False):
         for config in CONFIGS:
-            ptx = gluon_dkdv(x, x, x, x, stats, stats, offsets, work, 0.088, causal, config, True).asm["ptx"]
-            rep = _ptxas_report(ptx)
-            regs = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)), key=int)
+            rep = ws_report(gluon_dkdv(x, x, x, x, stats, stats, offsets, work, 0.088, causal, config, True).asm["ptx"])
             rows.append(f"| {'causal' if causal else 'full'} | {config} | {rep['regs']} | {rep['spill']} | "
-                        f"{ptx.count('wgmma.mma_async')} | {', '.join(regs) or 'none'} |")
+                        f"{rep['wgmma']} | {', '.join(map(str, rep['budgets'])) or 'none'} |")
     return rows
 
 
@@ -233,11 +227,6 @@ def bench() -> list[str]:
 
 
 if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        sys.exit(__doc__)
-    if "--offline" in sys.argv[1:]:
-        print("\n".join(offline()))
-    elif not torch.cuda.is_available():
-        sys.exit("gluon_dkdv.py times the kernels on the GPU: run it on a CUDA machine (or pass --offline)")
-    else:
-        print("\n".join(bench()))
+    from benchmarks.gluon_ws_gemm import main
+
+    main(sys.argv[1:], __doc__, "gluon_dkdv.py", offline, bench)

@@ -117,21 +117,36 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, config: tuple, compile_only: bool 
     return c
 
 
-def offline() -> list[str]:
-    """Each configuration compiled for sm_90a without a GPU: registers, spills, wgmma, setmaxnreg."""
+def offline_target() -> None:
+    """Compile for sm_90a from here on, on a machine without a GPU (nothing can launch)."""
     from triton.runtime.driver import driver
 
-    from benchmarks.kernel_resources import _ptxas_report, _TargetOnlyDriver
+    from benchmarks.kernel_resources import _TargetOnlyDriver
 
     driver.set_active(_TargetOnlyDriver())
+
+
+def ws_report(ptx: str) -> dict:
+    """A warp-specialized kernel's PTX: ptxas registers and spills, wgmma instructions, and the register budgets
+    its partitions set (``setmaxnreg``; none without warp specialization)."""
+    import re
+
+    from benchmarks.kernel_resources import _ptxas_report
+
+    budgets = sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)), key=int)
+    return {**_ptxas_report(ptx), "wgmma": ptx.count("wgmma.mma_async"), "budgets": [int(b) for b in budgets]}
+
+
+def offline() -> list[str]:
+    """Each configuration compiled for sm_90a without a GPU: registers, spills, wgmma, setmaxnreg."""
+    offline_target()
     a, b = torch.zeros(1024, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
     rows = ["| config (BLOCK_M, BLOCK_N, BLOCK_K, NUM_BUF, warps) | registers | spill stores/loads | wgmma | "
             "setmaxnreg |", "|---|---|---|---|---|"]
     for config in CONFIGS:
-        ptx = ws_gemm(a, b, config, compile_only=True).asm["ptx"]
-        rep = _ptxas_report(ptx)
-        rows.append(f"| {config} | {rep['regs']} | {rep['spill']} | {'yes' if 'wgmma.mma_async' in ptx else 'no'} | "
-                    f"{'yes' if 'setmaxnreg' in ptx else 'no'} |")
+        rep = ws_report(ws_gemm(a, b, config, compile_only=True).asm["ptx"])
+        rows.append(f"| {config} | {rep['regs']} | {rep['spill']} | {'yes' if rep['wgmma'] else 'no'} | "
+                    f"{'yes' if rep['budgets'] else 'no'} |")
     return rows
 
 
@@ -157,12 +172,17 @@ def bench() -> list[str]:
     return rows
 
 
-if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        sys.exit(__doc__)
-    if "--offline" in sys.argv[1:]:
-        print("\n".join(offline()))
+def main(argv: list[str], doc: str, script: str, offline_rows, bench_rows) -> None:
+    """The Gluon benchmarks' command line: ``--help``, ``--offline`` (compile only), else the GPU run."""
+    if any(a in ("-h", "--help") for a in argv):
+        sys.exit(doc)
+    if "--offline" in argv:
+        print("\n".join(offline_rows()))
     elif not torch.cuda.is_available():
-        sys.exit("gluon_ws_gemm.py times the kernel on the GPU: run it on a CUDA machine (or pass --offline)")
+        sys.exit(f"{script} times the kernels on the GPU: run it on a CUDA machine (or pass --offline)")
     else:
-        print("\n".join(bench()))
+        print("\n".join(bench_rows()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:], __doc__, "gluon_ws_gemm.py", offline, bench)

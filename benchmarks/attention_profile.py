@@ -97,6 +97,8 @@ def _smi(fields: str) -> str:
 
 
 if __name__ == "__main__":
+    if any(a not in (*BATCHES, "timeline") for a in sys.argv[1:]):  # --help, or a typo: the usage
+        sys.exit(__doc__)
     if "timeline" in sys.argv[1:]:
         timeline(*[a for a in sys.argv[1:] if a != "timeline"][:1] or ["A"])
     else:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of, profiled_kernels
-from benchmarks.attention_launch import per_call_us
-from kernels import jagged_attention
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository importable
+
+from benchmarks.attention import BATCHES, cuda_time, lengths, offsets_of, profiled_kernels  # noqa: E402
+from benchmarks.attention_launch import per_call_us  # noqa: E402
+from kernels import jagged_attention  # noqa: E402
 
 
 def _inputs(name: str) -> tuple:

@@ -1,8 +1,9 @@
 """The Gluon benchmarks' kernels compiled for sm_90a on this CPU machine (``--offline``):
 
 * ``benchmarks/gluon_ws_gemm.py``: every configuration compiles warp-specialized, with wgmma and no spills;
-* ``benchmarks/gluon_dkdv.py``: every configuration, causal and full, lowers to wgmma products with partitions of
-  their own register budgets (the producer warp down to 24, the warpgroups up)."""
+* ``benchmarks/gluon_dkdv.py``: every configuration and variant (serial, products in flight, dQ added by atomics),
+  causal and full, lowers to wgmma products with partitions of their own register budgets (the producer warp down
+  to 24, the warpgroups up)."""
 
 import os
 import subprocess
@@ -34,8 +35,10 @@ def test_gemm_compiles_warp_specialized_without_spills():
 
 @pytest.mark.slow
 def test_dkdv_compiles_warp_specialized():
+    from benchmarks.gluon_dkdv import CONFIGS
+
     rows = _offline_rows("benchmarks/gluon_dkdv.py", ("| causal", "| full"))
-    assert len(rows) == 6, rows
+    assert len(rows) == 2 * len(CONFIGS), rows
     for cells in rows:
         assert int(cells[4]) >= 4, cells  # the four products per pair, at least once each
         budgets = [int(r) for r in cells[5].split(",")]

@@ -35,6 +35,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # the name from triton 3.7 on; 3.6's before
+
 # (key tile BLOCK_N, warps of the default partition, stages, maxnreg, variant); query tiles are 64 rows. Variants:
 # "serial" (``_consumer``), "in flight" (``_consumer_pipelined``), "dq" (``_consumer_dq``: dQ too, no dq kernel)
 CONFIGS = [(64, 4, 2, 128, "serial"), (128, 8, 2, 168, "serial"), (64, 4, 2, 128, "in flight"),
@@ -211,7 +213,7 @@ def _consumer_dq(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, ds_smem,
         dv = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
         q_base = DQA + (start + (j0 + it) * BLOCK_M) * (H * HEAD_DIM) + h * HEAD_DIM  # scalar: int32 offsets
         row_ok = (tile_rows < L - (j0 + it) * BLOCK_M)[:, None] & (half_cols < HALF)[None, :]
         for c in gl.static_range(2):  # dQ in two column halves: half the accumulator registers

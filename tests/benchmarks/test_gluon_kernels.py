@@ -3,7 +3,9 @@
 * ``benchmarks/gluon_ws_gemm.py``: every configuration compiles warp-specialized, with wgmma and no spills;
 * ``benchmarks/gluon_dkdv.py``: every configuration and variant (serial, products in flight, dQ added by atomics),
   causal and full, lowers to wgmma products with partitions of their own register budgets (the producer warp down
-  to 24, the warpgroups up)."""
+  to 24, the warpgroups up);
+* ``benchmarks/gluon_window_dkdv.py``: every configuration of the persistent window dk/dv kernel, one or two
+  consumer warpgroups, does the same within one program's shared memory."""
 
 import os
 import subprocess
@@ -43,3 +45,16 @@ def test_dkdv_compiles_warp_specialized():
         assert int(cells[4]) >= 4, cells  # the four products per pair, at least once each
         budgets = [int(r) for r in cells[5].split(",")]
         assert budgets[0] == 24 and budgets[-1] > int(cells[2]), cells
+
+
+@pytest.mark.slow
+def test_window_dkdv_compiles_warp_specialized():
+    from benchmarks.gluon_window_dkdv import CONFIGS
+
+    rows = _offline_rows("benchmarks/gluon_window_dkdv.py", ("| (",))
+    assert len(rows) == len(CONFIGS), rows
+    for cells in rows:
+        assert int(cells[3]) >= 4, cells  # the four products per pair (two consumers: twice)
+        budgets = [int(r) for r in cells[4].split(",")]
+        assert budgets[0] == 24 and budgets[-1] > int(cells[1]), cells
+        assert int(cells[5]) <= 232448, cells  # one program's shared-memory limit on sm_90

@@ -8,10 +8,13 @@ with explicit partitions (``benchmarks/gluon_ws_gemm.py`` is the pattern): one p
 dO tiles of the query tiles a key tile sees into a ring of shared-memory stages (tensor-memory copies, mbarrier
 hand-over); the default partition holds K and V in shared memory and runs the four products per pair on wgmma,
 with P^T and dS^T as register operands (the [keys, queries] tiles of ``attention_triton_bwd``). It reads the
-forward's log-sum-exp and softmax's delta as the Triton kernel does. Not wired into ``kernels``: on an H200 it
-measured 0.85-0.92x the Triton kernel's speed (benchmarks/RESULTS.md, "A warp-specialized dk/dv kernel in Gluon");
-it is the starting point for the warp-specialized backward. The GPU run checks dK and dV against the Triton backward first,
-then times both kernels the same way (torch.profiler kernel time) and prints the ratio. ``--offline`` prints
+forward's log-sum-exp and softmax's delta as the Triton kernel does. Three variants (``CONFIGS``): "serial"
+waits for each pair's products; "in flight" keeps the next tile's products queued behind this tile's; "dq" also
+adds each pair's dQ part into fp32 sums by atomics, so no dq kernel runs (5 products per pair instead of 7). Not
+wired into ``kernels``: on an H200 they measured 0.84-0.97x, 0.58-0.92x and 0.52-0.86x the Triton kernels
+(benchmarks/RESULTS.md, "The Gluon dk/dv kernel timed, products kept in flight, and dQ added by atomics"). The GPU
+run checks dK, dV (and dQ) against the Triton backward first, then times the kernels the same way (torch.profiler
+kernel time) and prints the ratio. ``--offline`` prints
 registers, spills and the warp-specialization markers; the CPU test runs it.
 """
 

@@ -183,43 +183,6 @@ def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, lse_bufs, delta_bufs, ready, empt
 
 
 @gluon.jit
-def gluon_window_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_desc, LSE, DELTA, DK, DV,
-                             OFF,
-                             WORK, n_work, n_items, T, window, qk_scale, scale, H: gl.constexpr,
-                             HEAD_DIM: gl.constexpr, TILE: gl.constexpr, NUM_BUF: gl.constexpr, KV_BUF: gl.constexpr,
-                             SLOTS: gl.constexpr, STATS_TMA: gl.constexpr, DS_BUF: gl.constexpr,
-                             PRODUCER_REGS: gl.constexpr, ABLATE: gl.constexpr, num_warps: gl.constexpr):
-    """A fixed grid: program ``p`` takes work entries ``p, p + grid, ...`` (``item * H + head``)."""
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_BUF] + q_desc.block_type.shape, q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_BUF] + do_desc.block_type.shape, do_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [KV_BUF] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [KV_BUF] + v_desc.block_type.shape, v_desc.layout)
-    ds_bufs = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUF] + ds_desc.block_type.shape, ds_desc.layout)
-    lse_bufs = gl.allocate_shared_memory(lse_desc.dtype, [NUM_BUF] + lse_desc.block_type.shape, lse_desc.layout)
-    delta_bufs = gl.allocate_shared_memory(delta_desc.dtype, [NUM_BUF] + delta_desc.block_type.shape,
-                                           delta_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(KV_BUF):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, lse_bufs, delta_bufs, ready, empty, kv_ready, kv_empty, ds_bufs,
-                     ds_desc, LSE, DELTA, DK, DV, WORK, OFF, gl.program_id(0), gl.num_programs(0), n_work,
-                     n_items, window, qk_scale, scale, H, HEAD_DIM, TILE, NUM_BUF, KV_BUF, SLOTS, STATS_TMA, DS_BUF, ABLATE,
-                     num_warps)),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, k_bufs, v_bufs,
-                     lse_bufs, delta_bufs, ready, empty, kv_ready, kv_empty, WORK, OFF, gl.program_id(0),
-                     gl.num_programs(0), n_work, T, window, H, HEAD_DIM, TILE, NUM_BUF, KV_BUF, STATS_TMA)),
-    ], [1], [PRODUCER_REGS])
-
-
-@gluon.jit
 def _stage_buffers(q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_desc, NUM_BUF: gl.constexpr,
                    KV_BUF: gl.constexpr, DS_BUF: gl.constexpr):
     """One consumer's shared memory: Q/dO (with their statistics) and K/V rings, dS buffers, and the rings'
@@ -246,9 +209,28 @@ def _stage_buffers(q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_des
 
 
 @gluon.jit
+def gluon_window_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_desc, LSE, DELTA, DK, DV, OFF,
+                             WORK, n_work, n_items, T, window, qk_scale, scale, H: gl.constexpr,
+                             HEAD_DIM: gl.constexpr, TILE: gl.constexpr, NUM_BUF: gl.constexpr, KV_BUF: gl.constexpr,
+                             SLOTS: gl.constexpr, STATS_TMA: gl.constexpr, DS_BUF: gl.constexpr,
+                             PRODUCER_REGS: gl.constexpr, ABLATE: gl.constexpr, num_warps: gl.constexpr):
+    """A fixed grid: program ``p`` takes work entries ``p, p + grid, ...`` (``item * H + head``)."""
+    q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, lse_bufs, delta_bufs, ready, empty, kv_ready, kv_empty = _stage_buffers(
+        q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_desc, NUM_BUF, KV_BUF, DS_BUF)
+    gl.warp_specialize([
+        (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, lse_bufs, delta_bufs, ready, empty, kv_ready, kv_empty, ds_bufs,
+                     ds_desc, LSE, DELTA, DK, DV, WORK, OFF, gl.program_id(0), gl.num_programs(0), n_work,
+                     n_items, window, qk_scale, scale, H, HEAD_DIM, TILE, NUM_BUF, KV_BUF, SLOTS, STATS_TMA, DS_BUF,
+                     ABLATE, num_warps)),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_bufs, do_bufs, k_bufs, v_bufs,
+                     lse_bufs, delta_bufs, ready, empty, kv_ready, kv_empty, WORK, OFF, gl.program_id(0),
+                     gl.num_programs(0), n_work, T, window, H, HEAD_DIM, TILE, NUM_BUF, KV_BUF, STATS_TMA)),
+    ], [1], [PRODUCER_REGS])
+
+
+@gluon.jit
 def gluon_window_dkdv_dual_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, lse_desc, delta_desc, LSE, DELTA, DK,
-                                  DV,
-                                  OFF, WORK, n_work, n_items, T, window, qk_scale, scale, H: gl.constexpr,
+                                  DV, OFF, WORK, n_work, n_items, T, window, qk_scale, scale, H: gl.constexpr,
                                   HEAD_DIM: gl.constexpr, TILE: gl.constexpr, NUM_BUF: gl.constexpr,
                                   KV_BUF: gl.constexpr, SLOTS: gl.constexpr, STATS_TMA: gl.constexpr,
                                   DS_BUF: gl.constexpr, PRODUCER_REGS: gl.constexpr, ABLATE: gl.constexpr,
@@ -337,7 +319,8 @@ def offline() -> list[str]:
 def bench() -> list[str]:
     from triton.tools.tensor_descriptor import TensorDescriptor as TritonDescriptor
 
-    from benchmarks.attention import profiled_kernels, rel_err
+    from benchmarks.attention import rel_err
+    from benchmarks.gluon_dkdv import _kernel_us
     from kernels import attention_window_op as wop
     from kernels.attention_triton_window_bwd import window_attn_bwd_dq_ds_kernel
 
@@ -359,11 +342,7 @@ def bench() -> list[str]:
     ref = triton_bwd()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def kernel_us(fn, name):
-        times = [e.time_range.elapsed_us() for e in profiled_kernels(fn, 5) if e.name.startswith(name)]
-        return sorted(times)[len(times) // 2]
-
-    base = kernel_us(triton_bwd, "window_attn_bwd_dkdv_ds_kernel")
+    base = _kernel_us(triton_bwd, "window_attn_bwd_dkdv_ds_kernel")
     rows = [f"Window W={W}, causal softmax, B={B}, L={L}, H={H}, D={D}, bf16; GPU us per dk/dv + dS kernel "
             "(profiler medians of 5)", "",
             "| kernel | dQ err vs Triton | dK err | dV err | GPU us | Triton / this |", "|---|---|---|---|---|---|",
@@ -379,7 +358,7 @@ def bench() -> list[str]:
             k, wop._desc(k, TILE, True), ds, ds_desc, dq, offs, work, scale, W, work.shape[0], H=H, HEAD_DIM=D,
             BLOCK_D=D, CAUSAL=True, PREC="tf32", USE_TMA=True, BLOCK_M=TILE, STAGES=3, SLOTS=slots, SLOT0=0,
             DS_TMA=True, KEY_ROWS=True, num_warps=8)
-        us = kernel_us(run, "gluon_window_dkdv_")
+        us = _kernel_us(run, "gluon_window_dkdv_")
         rows.append(f"| Gluon {config} | {rel_err(dq, ref[0]):.1e} | {rel_err(dk, ref[1]):.1e} | "
                     f"{rel_err(dv, ref[2]):.1e} | {us:.0f} | {base / us:.2f}x |")
         print(rows[-1], flush=True)

@@ -61,6 +61,29 @@ def _producer(q_desc, do_desc, q_bufs, do_bufs, ready, empty, start, j0, n_tiles
 
 
 @gluon.jit
+def _pair_probs(k_smem, v_smem, q, do, zero_s, offs_k, LSE, DELTA, start, L, k0, q0, h, qk_scale, H: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK_KEYS: gl.constexpr,
+                s_layout: gl.constexpr):
+    """One pair's S^T = K Q^T and dP^T = V dO^T (waited for), and P^T from the forward's log-sum-exp: (P^T, dP^T,
+    delta of the query tile at ``q0``). Queries past the row get P = 0 through a log-sum-exp of +inf; keys past it
+    only where ``MASK_KEYS`` (their dK/dV rows are never stored, but they would add into dQ)."""
+    st = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    offs_q = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    q_ok = offs_q < L
+    lse = gl.load(LSE + (start + offs_q) * H + h, mask=q_ok, other=float("inf"))
+    delta = gl.load(DELTA + (start + offs_q) * H + h, mask=q_ok, other=0.0)
+    st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if CAUSAL:
+        if q0 < k0 + BLOCK_N:  # a diagonal tile: a key sees the queries at or after it
+            pt = gl.where(offs_k[:, None] <= offs_q[None, :], pt, 0.0)
+    elif MASK_KEYS:
+        pt = gl.where((offs_k < L)[:, None], pt, 0.0)
+    return pt, dpt, delta
+
+
+@gluon.jit
 def _consumer(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, LSE, DELTA, DK, DV, start, L, k0, j0, n_tiles,
               h, qk_scale, scale, H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
@@ -83,17 +106,8 @@ def _consumer(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, LSE, DELTA,
         mbarrier.wait(ready.index(s), (it // NUM_BUF) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
-        st = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        offs_q = (j0 + it) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        q_ok = offs_q < L
-        lse = gl.load(LSE + (start + offs_q) * H + h, mask=q_ok, other=float("inf"))
-        delta = gl.load(DELTA + (start + offs_q) * H + h, mask=q_ok, other=0.0)
-        st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        if CAUSAL:
-            if (j0 + it) * BLOCK_M < k0 + BLOCK_N:  # a diagonal tile: a key sees the queries at or after it
-                pt = gl.where(offs_k[:, None] <= offs_q[None, :], pt, 0.0)
+        pt, dpt, delta = _pair_probs(k_smem, v_smem, q, do, zero_s, offs_k, LSE, DELTA, start, L, k0,
+                                     (j0 + it) * BLOCK_M, h, qk_scale, H, BLOCK_M, BLOCK_N, CAUSAL, False, s_layout)
         dst = pt * (dpt - delta[None, :])
         pa = gl.convert_layout(pt.to(gl.bfloat16), a_layout)
         dsa = gl.convert_layout(dst.to(gl.bfloat16), a_layout)
@@ -198,19 +212,8 @@ def _consumer_dq(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, ds_smem,
         mbarrier.wait(ready.index(s), (it // NUM_BUF) & 1)
         q = q_bufs.index(s)
         do = do_bufs.index(s)
-        st = warpgroup_mma(k_smem, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_smem, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        offs_q = (j0 + it) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        q_ok = offs_q < L
-        lse = gl.load(LSE + (start + offs_q) * H + h, mask=q_ok, other=float("inf"))
-        delta = gl.load(DELTA + (start + offs_q) * H + h, mask=q_ok, other=0.0)
-        st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        if CAUSAL:
-            if (j0 + it) * BLOCK_M < k0 + BLOCK_N:
-                pt = gl.where(offs_k[:, None] <= offs_q[None, :], pt, 0.0)
-        else:  # keys past the row (the next row's, in the K tile) would add into its dQ
-            pt = gl.where((offs_k < L)[:, None], pt, 0.0)
+        pt, dpt, delta = _pair_probs(k_smem, v_smem, q, do, zero_s, offs_k, LSE, DELTA, start, L, k0,
+                                     (j0 + it) * BLOCK_M, h, qk_scale, H, BLOCK_M, BLOCK_N, CAUSAL, True, s_layout)
         dst = (pt * (dpt - delta[None, :])).to(gl.bfloat16)
         ds_smem.store(dst)
         dv = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do, dv, is_async=True)

@@ -137,6 +137,12 @@ def ws_report(ptx: str) -> dict:
     return {**_ptxas_report(ptx), "wgmma": ptx.count("wgmma.mma_async"), "budgets": [int(b) for b in budgets]}
 
 
+def ws_cells(ptx: str) -> str:
+    """The table cells ``registers | spill stores/loads | wgmma | setmaxnreg of the partitions`` of a kernel."""
+    rep = ws_report(ptx)
+    return f"{rep['regs']} | {rep['spill']} | {rep['wgmma']} | {', '.join(map(str, rep['budgets'])) or 'none'}"
+
+
 def offline() -> list[str]:
     """Each configuration compiled for sm_90a without a GPU: registers, spills, wgmma, setmaxnreg."""
     offline_target()

@@ -1,6 +1,6 @@
 """A/B of attention kernels in one process: this tree's against older copies of kernel modules, alternating.
 
-    python benchmarks/attention_ab.py DIR [calls=5] [rounds=4]
+    python benchmarks/attention_ab.py DIR [calls=5] [rounds=4] [cases=A,window] [base:NAME=VALUE ...]
 
 ``DIR`` holds older versions of files of ``kernels/`` (for example ``git show OLD:kernels/attention_triton_bwd.py
 > DIR/attention_triton_bwd.py``); each is loaded as a module of its own beside the current package (its imports
@@ -10,10 +10,13 @@ on one forward's graph, ``calls`` back-to-back calls per CUDA-event timing) in `
 of base and new, after checking that both arms give the same gradients (relative L2 difference). The arms take
 turns going first (base-new, then new-base, ...): with identical kernels in both arms, the second arm of each
 round measured up to 3% slower on an H200 (batch A non-causal), an order effect this cancels over even rounds.
+``cases`` keeps the cases whose names contain one of its parts. ``DIR`` may be ``-`` (no kernel swapped). ``base:NAME=VALUE`` sets the op modules' setting ``NAME`` (for example
+``base:STATS_HEAD_MAJOR=False``) to the Python literal ``VALUE`` in the base arm only.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import statistics
 import sys
@@ -59,8 +62,15 @@ class Arms:
     """Switches the op modules between the new kernels and the base ones. A base kernel is launched with the
     keyword arguments of its own signature only (a new kernel may take more)."""
 
-    def __init__(self, swaps: list[tuple[ModuleType, str, object, object]]):
+    def __init__(self, swaps: list[tuple[ModuleType, str, object, object]], settings: dict[str, object]):
         self.swaps = swaps
+        # (module, name, new value, base value) of each op-module setting the base arm changes
+        self.settings = []
+        for name, value in settings.items():
+            owners = [m for m in OP_MODULES if hasattr(m, name)]
+            if not owners:
+                sys.exit(f"base:{name}: no such setting in {', '.join(m.__name__ for m in OP_MODULES)}")
+            self.settings += [(m, name, getattr(m, name), value) for m in owners]
         self.base_fns = {id(old) for *_, old in swaps}
         real_run = triton_launch.run
 
@@ -72,7 +82,7 @@ class Arms:
         self.launch = SimpleNamespace(run=run)
 
     def use(self, arm: str) -> None:
-        for module, name, new, old in self.swaps:
+        for module, name, new, old in self.swaps + self.settings:
             setattr(module, name, old if arm == "base" else new)
         attention_window_op.triton_launch = self.launch if arm == "base" else triton_launch
 
@@ -100,11 +110,16 @@ def main(argv: list[str]) -> None:
         sys.exit("attention_ab.py times kernels on a GPU: no CUDA device here")
     opts = dict(a.split("=", 1) for a in argv[1:])
     calls, rounds = int(opts.get("calls", 5)), int(opts.get("rounds", 4))
-    arms = Arms(base_swaps(Path(argv[0])))
-    print("base kernels:", ", ".join(f"{m.__name__}.{n}" for m, n, *_ in arms.swaps), flush=True)
+    settings = {k[len("base:"):]: ast.literal_eval(v) for k, v in opts.items() if k.startswith("base:")}
+    arms = Arms([] if argv[0] == "-" else base_swaps(Path(argv[0])), settings)
+    print("base kernels:", ", ".join(f"{m.__name__}.{n}" for m, n, *_ in arms.swaps) or "none", flush=True)
+    print("base settings:", ", ".join(f"{m.__name__}.{n}={v!r}" for m, n, _, v in arms.settings) or "none",
+          flush=True)
     rows = ["| case | base bwd ms (rounds) | new bwd ms (rounds) | base / new | grad rel diff |", "|---|---|---|---|---|"]
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, make in _cases().items():
+        if not any(part in name for part in opts.get("cases", name).split(",")):
+            continue
         n, H, D, offs, kw = make()
         q, k, v, do = (torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))

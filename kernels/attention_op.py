@@ -275,14 +275,19 @@ def backward_launches(
     return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)
 
 
-def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: int) -> Tensor:
+def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: int,
+                  lse: Tensor | None = None) -> Tensor:
     """``(do.float() * out.float()).sum(-1)``, ``[tokens, H]`` fp32, in one Triton pass over the query tiles of
-    ``work`` (``tile`` rows each, over ``offsets``)."""
-    delta = _unset(out, out.shape[:2], torch.float32)  # every token is in one work item's tile
-    d = out.shape[2]
-    triton_launch.run(softmax_delta_kernel, (work.shape[0] * out.shape[1],),
-        out.contiguous(), do.contiguous(), delta, offsets, work, H=out.shape[1], HEAD_DIM=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=tile, num_warps=4)
+    ``work`` (``tile`` rows each, over ``offsets``). With ``lse`` (``[tokens, H]``): ``[2, H, work items * tile]``,
+    the log-sum-exp then delta by (head, work item, query of the tile) (``softmax_delta_kernel``'s ``BY_TILE``)."""
+    tokens, heads, d = out.shape
+    stride = work.shape[0] * tile
+    shape = (tokens, heads) if lse is None else (2, heads, stride)
+    delta = _unset(out, shape, torch.float32)  # every token is in one work item's tile
+    triton_launch.run(softmax_delta_kernel, (work.shape[0] * heads,),
+        out.contiguous(), do.contiguous(), delta, offsets, work, delta if lse is None else lse, stride, H=heads,
+        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=tile, BY_TILE=lse is not None,
+        num_warps=4)
     return delta
 
 

@@ -70,6 +70,13 @@ BACKWARD = "fused"
 # The fused backward keeps the score gradients of every (query, key tile) pair: about H * slots * tokens * TILE
 # elements, slots = key tiles a query tile sees. Longer windows take the two-kernel backward.
 MAX_FUSED_SLOTS = 9
+# The fused backward's delta pass also copies the log-sum-exp, both by (head, query tile), so its dk/dv programs
+# read a query tile's statistics as two aligned runs instead of every H-th value.
+STATS_BY_TILE = True
+# Softmax's log-sum-exp and delta enter the fused kernel's [keys, queries] products as their initial sums.
+FOLD_STATS = True
+# ... and reach it through a tensor descriptor where the other tiles do (no per-value addresses in registers).
+STATS_TMA = True
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
 WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
 
@@ -172,17 +179,24 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     ds_tma = tma and CONFIG["dsq"][3] and rows < 2**31  # descriptor coordinates are int32
     ds_desc = TensorDescriptor(ds, [rows, tile], [tile, 1], [tile, tile]) if ds_tma else ds
     dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
-    delta = lse
-    if not inline:
+    delta, by_tile, stats, stride = lse, not inline and STATS_BY_TILE, lse, 0
+    if by_tile:
+        stats = softmax_delta(out, do, offsets, work, tile, lse)
+        lse, delta = stats
+        stride = stats.shape[2]
+        if tma:  # one descriptor over both halves; every tile's run starts 16-byte aligned, as bulk copies need
+            stats = TensorDescriptor(stats, [2 * stats.shape[1], stride], [stride, 1], [1, tile])
+    elif not inline:
         delta = softmax_delta(out, do, offsets, work, tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
     del meta["ONE_LOOP"]
     # Without bias tables the fused kernel computes (and stores) [keys, queries] tiles, which its dq kernel reads.
     rows_of_keys = pos_weight is None and time_weight is None
     triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
-        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, ds, ds_desc,
-        dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta, DELTA_INLINE=inline,
-        SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys,
+        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, stats, ds,
+        ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], stride, **meta,
+        DELTA_INLINE=inline, SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, STATS_BY_TILE=by_tile,
+        FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA,
     )
     cfg = CONFIG["dsq"]
     triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,

@@ -43,6 +43,17 @@ def test_descriptor_path_matches_reference(name):
     assert_accurate(p, torch.float32, **kw)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_window_softmax_statistics_through_descriptors(bias):
+    # The fused window backward reads each query tile's softmax statistics through one descriptor (tiles
+    # of a row that ends mid-tile included); without tables they enter the [keys, queries] products.
+    from kernels import attention_window_op as wop
+
+    assert wop.STATS_TMA and wop.STATS_BY_TILE
+    p = make_problem(seed=12, lq=LENGTHS, lk=LENGTHS, heads=2, bias=bias)
+    assert_accurate(p, torch.float32, activation="softmax", causal=True, window=20)
+
+
 def test_cross_rows_match_reference():
     p = make_problem(seed=4, lq=[16, 3, 0, 16, 5], lk=LENGTHS, heads=2, bias=True)
     assert_accurate(p, torch.float32, activation="softmax", causal=True)

@@ -196,6 +196,20 @@ def test_fused_backward_delta_in_the_loop(monkeypatch):
     assert_accurate(p, torch.float16, causal=False, window=36)
 
 
+@pytest.mark.parametrize("by_tile,fold", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_backward_statistics_settings(monkeypatch, by_tile, fold, bias):
+    # Softmax statistics read every H-th value or by query tile, entering the [keys, queries] products (no
+    # bias tables) as their initial sums or subtracted after: the same gradients (the defaults: both on).
+    from kernels import attention_window_op as wop
+
+    assert wop.STATS_BY_TILE and wop.FOLD_STATS
+    monkeypatch.setattr(wop, "STATS_BY_TILE", by_tile)
+    monkeypatch.setattr(wop, "FOLD_STATS", fold)
+    p = _self_problem(seed=61, heads=2, bias=bias)
+    assert_accurate(p, torch.float32, causal=True, window=36)
+
+
 def test_work_list_gives_a_rows_tiles_consecutively_last_first():
     # The fused backward finds a query tile's work item from its key tile's: item(i) = item(j) + j - i.
     from kernels.attention_op import work_list

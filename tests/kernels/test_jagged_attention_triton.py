@@ -203,6 +203,36 @@ def test_softmax_delta_pass_equals_the_float_product(dim):
     torch.testing.assert_close(delta, (do.float() * out.float()).sum(-1), rtol=1e-5, atol=1e-5)
 
 
+def test_softmax_statistics_by_query_tile():
+    """With the log-sum-exp, the pass lays out both statistics by (head, work item, query of the tile), the
+    fused window backward's layout: every tile's run whole, +inf and 0 at queries past the row's end."""
+    from kernels.attention_op import softmax_delta, work_list
+
+    g = torch.Generator().manual_seed(5)
+    lens = [5, 0, 1, 32, 39]
+    offs = offsets(lens)
+    total, heads, tile = int(offs[-1]), 3, 16
+    out = torch.randn(total, heads, 32, generator=g).to(torch.float16)
+    do = torch.randn(total, heads, 32, generator=g).to(torch.float16)
+    lse = torch.randn(total, heads, generator=g)
+    work = work_list(offs, offs, tile, total)[0]
+    stats = softmax_delta(out, do, offs, work, tile, lse)
+    assert stats.shape == (2, heads, work.shape[0] * tile)
+    want = torch.stack([torch.full_like(stats[0], float("inf")), torch.zeros_like(stats[1])])
+    delta = (do.float() * out.float()).sum(-1)
+    seen = 0
+    for item, (row, first) in enumerate(work.tolist()):
+        if row < 0:  # an unused item: no program reads its run
+            stats[:, :, item * tile:(item + 1) * tile] = want[:, :, item * tile:(item + 1) * tile]
+            continue
+        start, end = int(offs[row]) + first * tile, min(int(offs[row]) + (first + 1) * tile, int(offs[row + 1]))
+        seen += end - start
+        run = slice(item * tile, item * tile + end - start)
+        want[0, :, run], want[1, :, run] = lse[start:end].T, delta[start:end].T
+    assert seen == total
+    torch.testing.assert_close(stats, want, rtol=1e-5, atol=1e-5)
+
+
 def test_autotune_reset_arguments_never_alias_an_input(monkeypatch):
     """The dk/dv kernel's autotuner zeroes DPOSW/DTIMEW between trial runs: without tables their stand-ins
     must be scratch, not an input (an aliased lse would be zeroed before the real run)."""

@@ -281,11 +281,10 @@ def softmax_delta(out: Tensor, do: Tensor, offsets: Tensor, work: Tensor, tile: 
     ``work`` (``tile`` rows each, over ``offsets``). With ``lse`` (``[tokens, H]``): ``[2, H, work items * tile]``,
     the log-sum-exp then delta by (head, work item, query of the tile) (``softmax_delta_kernel``'s ``BY_TILE``)."""
     tokens, heads, d = out.shape
-    stride = work.shape[0] * tile
-    shape = (tokens, heads) if lse is None else (2, heads, stride)
+    shape = (tokens, heads) if lse is None else (2, heads, work.shape[0] * tile)
     delta = _unset(out, shape, torch.float32)  # every token is in one work item's tile
     triton_launch.run(softmax_delta_kernel, (work.shape[0] * heads,),
-        out.contiguous(), do.contiguous(), delta, offsets, work, delta if lse is None else lse, stride, H=heads,
+        out.contiguous(), do.contiguous(), delta, offsets, work, delta if lse is None else lse, H=heads,
         HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=tile, BY_TILE=lse is not None,
         num_warps=4)
     return delta

@@ -48,13 +48,13 @@ from kernels.attention_triton_window import _item, inverse_norm, key_tile, store
 
 
 @triton.jit
-def softmax_delta_kernel(OUT, DO, DELTA, OFF, WORK, LSE, stride, H: tl.constexpr, HEAD_DIM: tl.constexpr,
+def softmax_delta_kernel(OUT, DO, DELTA, OFF, WORK, LSE, H: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BY_TILE: tl.constexpr = False):
     """``delta = rowsum(dO . o)`` (softmax's backward) of one query tile and head of a work list over the query
     offsets ``OFF`` (``attention_op.softmax_delta``; the fused window backward runs it first). ``BY_TILE``:
-    ``DELTA`` is ``[2, H, stride]``, ``stride = work items * BLOCK_M``, the log-sum-exp ``LSE`` (``[tokens, H]``)
-    copied to its first half, both by (head, work item, query of the tile): the dk/dv programs read a query
-    tile's statistics as two aligned runs (+inf and 0 at queries past its row)."""
+    ``DELTA`` is ``[2, H, work items * BLOCK_M]`` (one program per item and head), the log-sum-exp ``LSE``
+    (``[tokens, H]``) copied to its first half, both by (head, work item, query of the tile): the dk/dv
+    programs read a query tile's statistics as two aligned runs (+inf and 0 at queries past its row)."""
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
@@ -63,6 +63,7 @@ def softmax_delta_kernel(OUT, DO, DELTA, OFF, WORK, LSE, stride, H: tl.constexpr
     do = load_rows(DO + rows, m_ok, d_ok, True, BLOCK_D == HEAD_DIM)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     if BY_TILE:
+        stride = tl.num_programs(0) // H * BLOCK_M
         at = h * stride + tl.program_id(0) // H * BLOCK_M + tl.arange(0, BLOCK_M)
         tl.store(DELTA + at, tl.load(LSE + (start + offs_m) * H + h, mask=m_ok, other=float("inf")))
         tl.store(DELTA + H * stride + at, tl.where(m_ok, delta, 0.0))
@@ -94,8 +95,8 @@ def _store_ds(DS, DSD, row0, ds, TILE: tl.constexpr, DS_TMA: tl.constexpr):
 @triton.jit
 def _dkdv_ds_tile(
     dk, dv, dpos, dtime, k, v, offs_n, ts_k, k_first, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
-    h, q_item, ds_row0, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
-    qk_scale, bias_scale, inv_n, stats_stride,
+    h, q_item, ds_row0, Q, DO, OUT, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW,
+    offs_d, d_ok, qk_scale, bias_scale, inv_n, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr,
     HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr, NUM_TIME: tl.constexpr,
     POS_PAD: tl.constexpr, TIME_PAD: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -118,7 +119,7 @@ def _dkdv_ds_tile(
         else:
             stat = (start + offs_m) * H + h
             if STATS_BY_TILE:
-                stat = h * stats_stride + q_item * BLOCK_M + tl.arange(0, BLOCK_M)
+                stat = (h * n_items + q_item) * BLOCK_M + tl.arange(0, BLOCK_M)  # [2, H, work items * tile]
             lse = load_vec(LSE + stat, m_ok, float("inf"), True)
             if DELTA_INLINE:
                 rows = (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
@@ -169,7 +170,7 @@ def _dkdv_ds_tile(
 @triton.jit
 def window_attn_bwd_dkdv_ds_kernel(
     Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS,
-    KTS, scale, norm_const, window, n_items, stats_stride,
+    KTS, scale, norm_const, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
@@ -206,9 +207,10 @@ def window_attn_bwd_dkdv_ds_kernel(
         dk, dv, dpos, dtime = _dkdv_ds_tile(
             dk, dv, dpos, dtime, k, v, offs_n, ts_k, n0, k_last, tk_min, tk_max, start_m, L, hist_end, window, start,
             h, item_i, _ds_row0(h, start_m // BLOCK_M - j + SLOT0, item_i, n_items, SLOTS, BLOCK_N),
-            Q, DO, OUT, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok, qk_scale,
-            bias_scale, inv_n, stats_stride, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME, NUM_TIME, POS_PAD,
-            TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA, KEY_ROWS, STATS_BY_TILE, FOLD_STATS, STATS_TMA)
+            Q, DO, OUT, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, QTS, POSW, TIMEW, DPOSW, DTIMEW, offs_d, d_ok,
+            qk_scale, bias_scale, inv_n, n_items, H, HEAD_DIM, ACT, CAUSAL, HAS_NT, HAS_POS, NUM_POS, HAS_TIME,
+            NUM_TIME, POS_PAD, TIME_PAD, PREC, BLOCK_M, BLOCK_N, EVEN_D, USE_TMA, DELTA_INLINE, DS_TMA, KEY_ROWS,
+            STATS_BY_TILE, FOLD_STATS, STATS_TMA)
     store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
                     POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)
 

@@ -179,13 +179,13 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     ds_tma = tma and CONFIG["dsq"][3] and rows < 2**31  # descriptor coordinates are int32
     ds_desc = TensorDescriptor(ds, [rows, tile], [tile, 1], [tile, tile]) if ds_tma else ds
     dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
-    delta, by_tile, stats, stride = lse, not inline and STATS_BY_TILE, lse, 0
+    delta, by_tile, stats = lse, not inline and STATS_BY_TILE, lse
     if by_tile:
         stats = softmax_delta(out, do, offsets, work, tile, lse)
         lse, delta = stats
-        stride = stats.shape[2]
         if tma:  # one descriptor over both halves; every tile's run starts 16-byte aligned, as bulk copies need
-            stats = TensorDescriptor(stats, [2 * stats.shape[1], stride], [stride, 1], [1, tile])
+            n = stats.shape[2]
+            stats = TensorDescriptor(stats, [2 * stats.shape[1], n], [n, 1], [1, tile])
     elif not inline:
         delta = softmax_delta(out, do, offsets, work, tile)
     meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
@@ -194,7 +194,7 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     rows_of_keys = pos_weight is None and time_weight is None
     triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
         q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, stats, ds,
-        ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], stride, **meta,
+        ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta,
         DELTA_INLINE=inline, SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, STATS_BY_TILE=by_tile,
         FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA,
     )

@@ -61,6 +61,18 @@ def _producer(q_desc, do_desc, q_bufs, do_bufs, ready, empty, start, j0, n_tiles
 
 
 @gluon.jit
+def _store_key_grads(DK, DV, dk, dv, start, L, k0, h, scale, H: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     BLOCK_N: gl.constexpr, acc_layout: gl.constexpr):
+    """The key tile's dK (times the softmax scale) and dV, rows past the jagged row left alone."""
+    rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    ptrs = (start + rows)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
+    ok = (rows < L)[:, None] & (cols < HEAD_DIM)[None, :]
+    gl.store(DK + ptrs, (dk * scale).to(gl.bfloat16), mask=ok)
+    gl.store(DV + ptrs, dv.to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
 def _pair_probs(k_smem, v_smem, q, do, zero_s, offs_k, LSE, DELTA, start, L, k0, q0, h, qk_scale, H: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK_KEYS: gl.constexpr,
                 s_layout: gl.constexpr):
@@ -115,12 +127,7 @@ def _consumer(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, LSE, DELTA,
         dk = warpgroup_mma(dsa, q, dk, is_async=True)
         dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(empty.index(s), count=1)
-    rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    ptrs = (start + rows)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
-    ok = (rows < L)[:, None] & (cols < HEAD_DIM)[None, :]
-    gl.store(DK + ptrs, (dk * scale).to(gl.bfloat16), mask=ok)
-    gl.store(DV + ptrs, dv.to(gl.bfloat16), mask=ok)
+    _store_key_grads(DK, DV, dk, dv, start, L, k0, h, scale, H, HEAD_DIM, BLOCK_N, acc_layout)
 
 
 @gluon.jit
@@ -173,12 +180,7 @@ def _consumer_pipelined(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, L
         lse = gl.load(LSE + (start + offs_q) * H + h, mask=offs_q < L, other=float("inf"))
         delta = gl.load(DELTA + (start + offs_q) * H + h, mask=offs_q < L, other=0.0)
     dk, dv, st, dpt, pa, dsa = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, st, dpt, pa, dsa))
-    rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    ptrs = (start + rows)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
-    ok = (rows < L)[:, None] & (cols < HEAD_DIM)[None, :]
-    gl.store(DK + ptrs, (dk * scale).to(gl.bfloat16), mask=ok)
-    gl.store(DV + ptrs, dv.to(gl.bfloat16), mask=ok)
+    _store_key_grads(DK, DV, dk, dv, start, L, k0, h, scale, H, HEAD_DIM, BLOCK_N, acc_layout)
 
 
 @gluon.jit
@@ -205,7 +207,6 @@ def _consumer_dq(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, ds_smem,
     tile_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, half_layout))
     tile_offs = tile_rows[:, None] * (H * HEAD_DIM) + half_cols[None, :]
     offs_k = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     mbarrier.wait(kv_bar, 0)
     for it in range(n_tiles):
         s = it % NUM_BUF
@@ -231,11 +232,7 @@ def _consumer_dq(k_smem, v_smem, kv_bar, q_bufs, do_bufs, ready, empty, ds_smem,
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             gl.atomic_add(q_base + c * HALF + tile_offs, dq * scale, mask=row_ok, sem="relaxed")
-    rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    ptrs = (start + rows)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
-    ok = (rows < L)[:, None] & (cols < HEAD_DIM)[None, :]
-    gl.store(DK + ptrs, (dk * scale).to(gl.bfloat16), mask=ok)
-    gl.store(DV + ptrs, dv.to(gl.bfloat16), mask=ok)
+    _store_key_grads(DK, DV, dk, dv, start, L, k0, h, scale, H, HEAD_DIM, BLOCK_N, acc_layout)
 
 
 @gluon.jit

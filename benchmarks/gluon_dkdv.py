@@ -321,15 +321,22 @@ def gluon_dkdv(q, k, v, do, lse, delta, offsets, work, scale: float, causal: boo
     return (dqa.to(q.dtype), dk, dv) if variant == "dq" else (dk, dv)
 
 
-def offline() -> list[str]:
-    """Each configuration compiled for sm_90a without a GPU (causal and full)."""
-    from benchmarks.gluon_ws_gemm import offline_target, ws_cells
+def offline_problem(tokens: int, items: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stand-in operands for compile-only calls on the sm_90a offline target (set here): a bf16 ``[tokens, 8,
+    128]`` tensor, fp32 ``[tokens, 8]`` statistics, two rows of half the tokens, a work list of ``items``."""
+    from benchmarks.gluon_ws_gemm import offline_target
 
     offline_target()
-    T, H, D = 1000, 8, 128
-    x = torch.zeros(T, H, D, dtype=torch.bfloat16)
-    stats = torch.zeros(T, H)
-    offsets, work = torch.tensor([0, 500, 1000]), torch.zeros(20, 2, dtype=torch.int32)
+    x = torch.zeros(tokens, 8, 128, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, tokens // 2, tokens])
+    return x, torch.zeros(tokens, 8), offsets, torch.zeros(items, 2, dtype=torch.int32)
+
+
+def offline() -> list[str]:
+    """Each configuration compiled for sm_90a without a GPU (causal and full)."""
+    from benchmarks.gluon_ws_gemm import ws_cells
+
+    x, stats, offsets, work = offline_problem(1000, 20)
     rows = ["| mask | config (BLOCK_N, warps, stages, maxnreg, variant) | registers | spill stores/loads | wgmma | "
             "setmaxnreg of the partitions |", "|---|---|---|---|---|---|"]
     for causal in (True, False):

@@ -299,13 +299,10 @@ def gluon_window_dkdv(q, k, v, do, lse, delta, offsets, work, scale: float, wind
 
 def offline() -> list[str]:
     """Each configuration compiled for sm_90a without a GPU."""
-    from benchmarks.gluon_ws_gemm import offline_target, ws_cells
+    from benchmarks.gluon_dkdv import offline_problem
+    from benchmarks.gluon_ws_gemm import ws_cells
 
-    offline_target()
-    T, H, D = 1024, 8, 128
-    x = torch.zeros(T, H, D, dtype=torch.bfloat16)
-    stats = torch.zeros(T, H)
-    offsets, work = torch.tensor([0, 512, 1024]), torch.zeros(16, 2, dtype=torch.int32)
+    x, stats, offsets, work = offline_problem(1024, 16)
     rows = ["| config (programs per SM, Q/dO stages, K/V stages, maxnreg, stats by TMA, dS buffers, producer "
             "registers) | registers | spill stores/loads | wgmma | setmaxnreg of the partitions | shared memory B |",
             "|---|---|---|---|---|---|"]

@@ -10,8 +10,9 @@ on one forward's graph, ``calls`` back-to-back calls per CUDA-event timing) in `
 of base and new, after checking that both arms give the same gradients (relative L2 difference). The arms take
 turns going first (base-new, then new-base, ...): with identical kernels in both arms, the second arm of each
 round measured up to 3% slower on an H200 (batch A non-causal), an order effect this cancels over even rounds.
-``cases`` keeps the cases whose names contain one of its parts. ``DIR`` may be ``-`` (no kernel swapped). ``base:NAME=VALUE`` sets the op modules' setting ``NAME`` (for example
-``base:STATS_HEAD_MAJOR=False``) to the Python literal ``VALUE`` in the base arm only.
+``cases`` keeps the cases whose names contain one of its parts. ``DIR`` may be ``-`` (no kernel swapped).
+``base:NAME=VALUE`` sets the op modules' setting ``NAME`` (for example ``base:FOLD_STATS=False``) to the
+Python literal ``VALUE`` in the base arm only.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
     python benchmarks/attention.py bench B calls=5    # ... timing 5 back-to-back calls per measurement
     python benchmarks/attention.py local              # block-local / window section (issue 5)
     python benchmarks/attention.py local 4096 calls=5 # ... timing 5 back-to-back calls per measurement
+    python benchmarks/attention.py local calls=20 rounds=5  # ... block, window and flex in 5 alternating rounds
     python benchmarks/attention.py blockcheck         # the one-pass block kernels vs float64 (issue 5)
     python benchmarks/attention.py blocksweep 4096    # their groups / warps / stages, timed alone
     python benchmarks/attention.py windowcheck        # the window kernels vs float64 (issue 5)

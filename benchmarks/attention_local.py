@@ -6,6 +6,7 @@ causal kernel, the one-pass block kernels against float64, and their configurati
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -32,7 +33,7 @@ def _local_masks(doc: torch.Tensor) -> dict[str, Callable]:
 COPY_CEILING_GBS = 4200.0  # device-to-device copy on the H200 (read + write), shared/device/README.md
 
 
-def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
+def local(seq_lens: list[int] | None = None, calls: int = 1, rounds: int = 1) -> list[str]:
     """Issue 5: block-local (S=64) and window (W=256) vs full causal and flex, B*L constant.
 
     "block S=64" is the one-pass block kernel (``kernels.attention_block_op``: one offsets tensor for
@@ -41,11 +42,15 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
     (``kernels.attention_window_op``). GB/s: q, k, v read once and o written once
     (4·ΣL·H·D·2 bytes) over the block forward's time. ``calls`` > 1 times that many back-to-back calls
     per measurement (every column), so host work per call hides behind the GPU's as in training.
+    ``rounds`` > 1 times block, window and their flex baselines that many times in alternation (ours, then
+    flex, each round) and reports each one's median: the card's clock and power state drift over a run by a few
+    percent, and alternating exposes every column to the same drift. The generic and full causal columns are
+    timed once.
     """
     H, D, tokens = 8, 128, 1 << 17
     flex, create_block_mask = _flex()
     rows = [f"### Block-local / window, B*L={tokens}, H={H}, D={D}, bf16, causal, fwd+bwd ms, {calls} call(s) "
-            "per timing", "",
+            f"per timing, medians of {rounds} alternating round(s) (block, window, flex)", "",
             "| L | B | block S=64 | generic block | flex block | window W=256 | generic window | flex window | "
             "full causal (ours) | block vs flex | block vs generic | window vs flex | window vs generic | full / block | "
             "block fwd ms | flex block fwd ms | window fwd ms | flex window fwd ms | block fwd GB/s | of copy ceiling |",
@@ -60,18 +65,27 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
         offs = offsets_of(torch.full((B,), L, dtype=torch.int64))
         other = offs.clone()  # a second offsets tensor: the generic kernels
         doc = torch.arange(tokens, device="cuda") // L
-        res = {}
+        ours, theirs = {}, {}
         for key, kw, kv_offs in (("block", dict(block_size=64), offs), ("generic", dict(block_size=64), other),
                                  ("window", dict(window=256), offs), ("gwindow", dict(window=256), other),
                                  ("full", {}, offs)):
-            res[key] = _time_pair(
-                lambda kw=kw, offs=offs, kv=kv_offs, L=L: jagged_attention(q, k, v, offs, kv, causal=True,
-                                                                           max_kv_len=L, **kw),
-                do, [q, k, v], calls)
-        fx = {}
+            ours[key] = (lambda kw=kw, offs=offs, kv=kv_offs, L=L: jagged_attention(q, k, v, offs, kv, causal=True,
+                                                                                    max_kv_len=L, **kw))
         for key, mm in _local_masks(doc).items():
             bm = _block_mask(create_block_mask, mm, tokens, tokens)
-            fx[key] = _time_pair(lambda bm=bm: flex(qf, kf, vf, block_mask=bm), dof, [qf, kf, vf], calls)
+            theirs[key] = lambda bm=bm: flex(qf, kf, vf, block_mask=bm)
+        res = {key: [_time_pair(fn, do, [q, k, v], calls)] for key, fn in ours.items()}
+        fx = {key: [_time_pair(fn, dof, [qf, kf, vf], calls)] for key, fn in theirs.items()}
+        for _ in range(rounds - 1):
+            for key in ("block", "window"):
+                res[key].append(_time_pair(ours[key], do, [q, k, v], calls))
+                fx[key].append(_time_pair(theirs[key], dof, [qf, kf, vf], calls))
+        if rounds > 1:  # each round's forward+backward ms, for the spread
+            print(f"L={L} rounds: " + "; ".join(f"{key} {[round(t[1], 3) for t in res[key]]} flex "
+                                                f"{[round(t[1], 3) for t in fx[key]]}" for key in ("block", "window")),
+                  flush=True)
+        res = {key: _medians(t) for key, t in res.items()}
+        fx = {key: _medians(t) for key, t in fx.items()}
         gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
         rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
                     f"{res['window'][1]:.3f} | {res['gwindow'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
@@ -81,6 +95,11 @@ def local(seq_lens: list[int] | None = None, calls: int = 1) -> list[str]:
                     f"{res['window'][0]:.3f} | {fx['window'][0]:.3f} | {gbs:.0f} | {gbs / COPY_CEILING_GBS:.0%} |")
         print(rows[-1], flush=True)
     return rows
+
+
+def _medians(timings: list[tuple[float, float]]) -> tuple[float, float]:
+    """(forward, forward+backward) medians of one column's rounds."""
+    return tuple(statistics.median(t[i] for t in timings) for i in range(2))
 
 
 def _self_run(qkvdo: tuple, offs: torch.Tensor, tables: tuple | None, ts: torch.Tensor, dt: torch.dtype,
@@ -323,10 +342,11 @@ def windowprofile(L: int = 4096, W: int = 256) -> list[str]:
 def main(what: str, args: list[str]) -> list[str]:
     """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``,
     ``windowprofile [L] [W]``."""
-    if what == "local":  # local [L ...] [calls=N] [tune]: "tune" runs windowtune first and keeps its choice
+    if what == "local":  # local [L ...] [calls=N] [rounds=N] [tune]: "tune" runs windowtune first, keeps its choice
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
+        rounds = next((int(a[7:]) for a in args if a.startswith("rounds=")), 1)
         tuned = windowtune() if "tune" in args else []
-        return tuned + local([int(a) for a in args if a.isdigit()] or None, calls)
+        return tuned + local([int(a) for a in args if a.isdigit()] or None, calls, rounds)
     if what == "blockcheck":
         return blockcheck()
     if what == "windowcheck":

@@ -340,7 +340,7 @@ def windowprofile(L: int = 4096, W: int = 256) -> list[str]:
 
 
 def main(what: str, args: list[str]) -> list[str]:
-    """``local [L ...] [calls=N]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``,
+    """``local [L ...] [calls=N] [rounds=N] [tune]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``,
     ``windowprofile [L] [W]``."""
     if what == "local":  # local [L ...] [calls=N] [rounds=N] [tune]: "tune" runs windowtune first, keeps its choice
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)

@@ -75,8 +75,9 @@ MAX_FUSED_SLOTS = 9
 # read a query tile's statistics as two aligned runs instead of every H-th value.
 STATS_BY_TILE = True
 # Causal softmax: the fused kernel's programs compute delta themselves, each for the query tile at its key tile,
-# and hand it to the programs of earlier key tiles through flags, instead of a pass of its own first. Off until
-# measured on the GPU.
+# and hand it to the programs of earlier key tiles through flags, instead of a pass of its own first. Same
+# gradients bit for bit, but on an H200 the backward op ran 0.95-0.96x as fast so (the waits add register spills to
+# the dk/dv + dS kernel; RESULTS.md, issue-5 part), so it is off.
 PUBLISH_STATS = False
 # Softmax's log-sum-exp and delta enter the fused kernel's [keys, queries] products as their initial sums.
 FOLD_STATS = True

@@ -13,9 +13,7 @@ tile, key tile) pair twice, once for dq and once for dk/dv: 7 tile matmuls per p
   Whole tiles (the rows past a jagged row's end are the tile's own) go through bulk tensor copies (``DS_TMA``). Softmax needs ``delta = rowsum(dO . o)`` of each query tile:
   computed in the loop from the o tile (``DELTA_INLINE``) or read from ``softmax_delta_kernel``'s output,
   which then also copies the log-sum-exp so both lie by (head, query tile) (``STATS_BY_TILE``), read as two
-  aligned runs (through one descriptor with ``STATS_TMA``). Causal, the kernel writes that layout itself
-  (``PUBLISH``): each program computes delta of the query tile at its own key tile's positions and hands it
-  to the programs of earlier key tiles through flags (``_publish_stats``), so no pass runs first. On [keys, queries] tiles each thread holds 16
+  aligned runs (through one descriptor with ``STATS_TMA``). On [keys, queries] tiles each thread holds 16
   columns' statistics; with ``FOLD_STATS`` they enter the products as initial sums (``S^T - lse`` and
   ``dP^T - delta`` come out of the matmuls), so no extra register copies stay live (on an H200 these three
   cut the kernel's register spills from 88 to 28 bytes and the backward op by 1.10-1.11x).
@@ -46,7 +44,7 @@ from kernels.attention_triton_common import (
     stream_tile,
     visible,
 )
-from kernels.attention_triton_window import _item, inverse_norm, item_at, key_tile, store_key_grads, tile_rows
+from kernels.attention_triton_window import _item, inverse_norm, key_tile, store_key_grads, tile_rows
 
 
 @triton.jit
@@ -170,38 +168,9 @@ def _dkdv_ds_tile(
 
 
 @triton.jit
-def _publish_stats(OUT, DO, OD, DOD, LSE, DELTA, LSE_TOK, FLAGS, start, L, n0, hi, j, item_j, h, n_items,
-                   H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-                   EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, STATS_TMA: tl.constexpr, WAIT: tl.constexpr):
-    """Causal softmax without the delta pass: the program of key tile ``j`` computes ``delta`` of query tile ``j``
-    (the same positions), stores it and the tile's log-sum-exp by tile (``softmax_delta_kernel``'s ``BY_TILE``
-    layout) and raises the tile's flag; then it waits for the flags of the later query tiles that see its keys.
-    Those belong to work items taken earlier (a row's last tile first, items numbered in the order programs
-    start), so every wait is for a program already running: no deadlock, whatever the launch order."""
-    offs_n, _, n_ok, d_ok, rows = tile_rows(start, L, n0, h, H, HEAD_DIM, BLOCK_D, TILE)
-    o = stream_tile(OD, OUT + rows, start + n0, h * HEAD_DIM, n_ok, d_ok, True, EVEN_D, USE_TMA)
-    do = stream_tile(DOD, DO + rows, start + n0, h * HEAD_DIM, n_ok, d_ok, True, EVEN_D, USE_TMA)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-    at = (h * n_items + item_j) * TILE + tl.arange(0, TILE)
-    tl.store(LSE + at, tl.load(LSE_TOK + (start + offs_n) * H + h, mask=n_ok, other=float("inf")))
-    tl.store(DELTA + at, tl.where(n_ok, delta, 0.0))
-    tl.debug_barrier()  # every thread's stores before the flag
-    tl.atomic_xchg(FLAGS + h * n_items + item_j, 1, sem="release")
-    later = tl.arange(1, WAIT + 1)  # the later query tiles that see this key tile, as work items
-    wait = (n0 + later * TILE < hi) & (later <= item_j)
-    waiting = True
-    while waiting:
-        flags = tl.atomic_add(FLAGS + h * n_items + item_j - later, 0, mask=wait, sem="acquire")
-        waiting = tl.sum(tl.where(wait & (flags == 0), 1, 0)) > 0
-    if STATS_TMA:  # the statistics were written by plain stores; bulk copies read them through the async proxy
-        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r", [j], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def window_attn_bwd_dkdv_ds_kernel(
-    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, STD, LSE_TOK, FLAGS, DS, DSD, DK, DV, OFF, NT, WORK, POSW, TIMEW,
-    DPOSW, DTIMEW, QTS, KTS, scale, norm_const, window, n_items,
+    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS,
+    KTS, scale, norm_const, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
@@ -209,34 +178,26 @@ def window_attn_bwd_dkdv_ds_kernel(
     TIME_PAD: tl.constexpr, DELTA_INLINE: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
     DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr, STATS_BY_TILE: tl.constexpr = False,
     FOLD_STATS: tl.constexpr = False,
-    STATS_TMA: tl.constexpr = False, PUBLISH: tl.constexpr = False, WAIT: tl.constexpr = 1,
+    STATS_TMA: tl.constexpr = False,
 ):
     """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring).
-    ``KEY_ROWS`` (set by ``attention_window_op`` without bias tables): [keys, queries] tiles, stored so.
-    ``PUBLISH`` (causal softmax, statistics by tile): see ``_publish_stats``."""
+    ``KEY_ROWS`` (set by ``attention_window_op`` without bias tables): [keys, queries] tiles, stored so."""
     tl.static_assert(not (KEY_ROWS and (HAS_POS or HAS_TIME)), "[keys, queries] tiles take no bias tables")
-    tl.static_assert(not PUBLISH or (CAUSAL and ACT == 0 and STATS_BY_TILE), "publishing: causal softmax by tile")
-    pid = tl.program_id(0)
-    if PUBLISH:  # programs take their (work item, head) in the order they start
-        pid = tl.atomic_add(FLAGS + tl.num_programs(0), 1)
-    row, h, start, L, hist_end, n0 = item_at(pid, WORK, OFF, NT, BLOCK_N, H, HAS_NT)
+    row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    j = n0 // BLOCK_N
-    item_j = pid // H  # a row's tiles are consecutive work items, its last tile first
-    # Query tiles (aligned with the dq kernel's) holding a query that sees a key of this tile.
-    lo = n0
-    if not CAUSAL:
-        lo = (tl.maximum(n0 - window, 0) // BLOCK_M) * BLOCK_M
-    hi = tl.minimum(tl.minimum(n0 + BLOCK_N, L) - 1 + window + 1, L)
-    if PUBLISH:  # before the key tile's loads: none of its registers are live here
-        _publish_stats(OUT, DO, OD, DOD, LSE, DELTA, LSE_TOK, FLAGS, start, L, n0, hi, j, item_j, h, n_items, H,
-                       HEAD_DIM, BLOCK_D, BLOCK_N, EVEN_D, USE_TMA, STATS_TMA, WAIT)
     offs_n, offs_d, n_ok, d_ok, rows, k, v, ts_k, k_last, tk_min, tk_max = key_tile(
         K, V, KTS, start, L, n0, h, H, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_TIME)
     qk_scale, bias_scale = score_scales(scale, ACT)
     inv_n = inverse_norm(L, norm_const, NORM_ROW)
+    # Query tiles (aligned with the dq kernel's) holding a query that sees a key of this tile.
+    lo = n0
+    if not CAUSAL:
+        lo = (tl.maximum(n0 - window, 0) // BLOCK_M) * BLOCK_M
+    hi = tl.minimum(k_last + window + 1, L)
+    j = n0 // BLOCK_N
+    item_j = tl.program_id(0) // H  # a row's tiles are consecutive work items, its last tile first
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dpos = tl.zeros([POS_PAD], dtype=tl.float32)

@@ -13,7 +13,6 @@ over inner tiles of its own size (``CONFIG``).
 from __future__ import annotations
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import attention_triton_common as common
@@ -74,11 +73,6 @@ MAX_FUSED_SLOTS = 9
 # The fused backward's delta pass also copies the log-sum-exp, both by (head, query tile), so its dk/dv programs
 # read a query tile's statistics as two aligned runs instead of every H-th value.
 STATS_BY_TILE = True
-# Causal softmax: the fused kernel's programs compute delta themselves, each for the query tile at its key tile,
-# and hand it to the programs of earlier key tiles through flags, instead of a pass of its own first. Same
-# gradients bit for bit, but on an H200 the backward op ran 0.95-0.96x as fast so (the waits add register spills to
-# the dk/dv + dS kernel; RESULTS.md, issue-5 part), so it is off.
-PUBLISH_STATS = False
 # Softmax's log-sum-exp and delta enter the fused kernel's [keys, queries] products as their initial sums.
 FOLD_STATS = True
 # ... and reach it through a tensor descriptor where the other tiles do (no per-value addresses in registers).
@@ -185,14 +179,9 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     ds_tma = tma and CONFIG["dsq"][3] and rows < 2**31  # descriptor coordinates are int32
     ds_desc = TensorDescriptor(ds, [rows, tile], [tile, 1], [tile, tile]) if ds_tma else ds
     dims = dict(H=q.shape[1], HEAD_DIM=q.shape[2], BLOCK_D=_pow2(q.shape[2]))
-    delta, by_tile, stats, lse_tok, flags = lse, not inline and STATS_BY_TILE, lse, lse, lse
-    publish = by_tile and causal and PUBLISH_STATS
+    delta, by_tile, stats = lse, not inline and STATS_BY_TILE, lse
     if by_tile:
-        if publish:  # the fused kernel's programs compute delta and publish it (``_publish_stats``)
-            stats = _unset(q, (2, q.shape[1], work.shape[0] * tile), torch.float32)
-            flags = torch.zeros(grid[0] + 1, dtype=torch.int32, device=q.device)  # and a ticket counter
-        else:
-            stats = softmax_delta(out, do, offsets, work, tile, lse)
+        stats = softmax_delta(out, do, offsets, work, tile, lse)
         lse, delta = stats
         if tma:  # one descriptor over both halves; every tile's run starts 16-byte aligned, as bulk copies need
             n = stats.shape[2]
@@ -204,11 +193,10 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     # Without bias tables the fused kernel computes (and stores) [keys, queries] tiles, which its dq kernel reads.
     rows_of_keys = pos_weight is None and time_weight is None
     triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
-        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, stats,
-        lse_tok, flags, ds, ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta,
+        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, stats, ds,
+        ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta,
         DELTA_INLINE=inline, SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, STATS_BY_TILE=by_tile,
-        FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA, PUBLISH=publish,
-        WAIT=triton.next_power_of_2(max(slots - 1, 1)),
+        FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA,
     )
     cfg = CONFIG["dsq"]
     triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,

@@ -210,24 +210,6 @@ def test_fused_backward_statistics_settings(monkeypatch, by_tile, fold, bias):
     assert_accurate(p, torch.float32, causal=True, window=36)
 
 
-@pytest.mark.parametrize("publish", [True, False])
-@pytest.mark.parametrize("bias,targets", [(False, False), (True, True)])
-def test_fused_backward_publishes_delta_when_causal(monkeypatch, publish, bias, targets):
-    # Causal softmax: the fused kernel's programs compute delta themselves and hand it on through flags (no
-    # delta pass), or the pass runs first: the same gradients, on rows of 0, 1, < tile, multiples and the max.
-    from kernels import attention_op
-    from kernels import attention_window_op as wop
-
-    monkeypatch.setattr(wop, "PUBLISH_STATS", publish)
-    passes = []
-    real = wop.softmax_delta
-    monkeypatch.setattr(wop, "softmax_delta", lambda *a, **kw: passes.append(1) or real(*a, **kw))
-    p = _self_problem(seed=67, heads=2, bias=bias, targets=targets)
-    assert_accurate(p, torch.float32, causal=True, window=36)
-    assert bool(passes) != publish
-    assert attention_op.softmax_delta is real
-
-
 def test_work_list_gives_a_rows_tiles_consecutively_last_first():
     # The fused backward finds a query tile's work item from its key tile's: item(i) = item(j) + j - i.
     from kernels.attention_op import work_list

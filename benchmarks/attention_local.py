@@ -245,7 +245,8 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
     the fused backward (``attention_triton_window_bwd``) with its dk/dv + dS kernel's configuration varied
     (last flag: delta computed in its loop rather than by a pass first), then its dq kernel's (the other at
     its best so far). Leaves ``attention_window_op.CONFIG`` at the fastest of each and ``BACKWARD`` at the
-    faster backward (the run's ``local`` rows use them). Useful TFLOP/s count visible pairs."""
+    faster backward (the run's ``local`` rows use them). Every configuration launches with the kernel's
+    ``attention_window_op.KERNEL_OPTIONS``. Useful TFLOP/s count visible pairs."""
     from kernels import attention_window_op as wop
     from kernels.attention_flops import visible_pairs
 
@@ -259,7 +260,7 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
     rows = [f"### Window kernels, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax, tile {wop.TILE}",
             "", "| backward | kernel varied | inner tile | warps | stages | flag | op | op ms | useful TFLOP/s |",
             "|---|---|---|---|---|---|---|---|---|"]
-    cands = {"fwd": [(32, 4, 3, False), (32, 4, 3, True), (32, 4, 4, True), (64, 4, 3, True), (64, 4, 2, False)],
+    cands = {"fwd": [(32, 4, 2, False), (32, 4, 3, False), (32, 4, 3, True), (32, 4, 4, True), (64, 4, 3, True), (64, 4, 2, False)],
              "two": [wop.CONFIG["dq"]],
              "fused": [(64, 4, 2, False), (64, 4, 3, False)],
              "dsq": [(64, 8, 3, True), (64, 8, 2, True), (64, 4, 3, True), (64, 8, 4, True)]}

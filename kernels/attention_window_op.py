@@ -54,16 +54,22 @@ MAX_HEAD_DIM = 128
 # issue-5 part). fp32 inputs on the GPU keep the generic kernels: at these tiles the window kernels spill
 # heavily and take minutes to compile (ptxas, sm_90).
 TILE = 64
-# Measured at L=2048..32768, W=256 (bf16, D=128, causal): the forward 32-key tiles with 3 stages (0.68-0.76 ms
-# against 0.75-0.84 at 64/2); the backward kernels one loop (the three-loop split lost 15-20% there). Fused
+# Measured at L=2048..32768, W=256 (bf16, D=128, causal): the forward 32-key tiles (0.68-0.76 ms at 3 stages
+# against 0.75-0.84 at 64/2; 2 stages with KERNEL_OPTIONS below since); the backward kernels one loop (the three-loop split lost 15-20% there). Fused
 # backward at L=4096: 4 warps, 2 stages, delta by its own pass (in the loop: +0.5-0.8 ms, register spills; 8 warps:
-# +1.5 ms); its dq kernel 8 warps, 3 stages, descriptors (pointer loads and stores: +0.15-0.2 ms).
+# +0.9-1.3 ms, with or without a 128-register cap); its dq kernel 8 warps, 3 stages, descriptors (pointer loads and stores: +0.15-0.2 ms).
 CONFIG: dict[str, tuple[int, int, int, bool]] = {
-    "fwd": (32, 4, 3, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
+    "fwd": (32, 4, 2, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
     # The fused backward (attention_triton_window_bwd): its inner tiles are the outer tile, so the first entry
     # is unused; the last one of "fused" computes delta = rowsum(dO . o) in the dk/dv loop (else one pass first),
     # that of "dsq" (its dq kernel) moves the dS scratch through tensor descriptors (bulk copies) where TMA is on.
     "fused": (64, 4, 2, False), "dsq": (64, 8, 3, True)}
+# Launch options beyond CONFIG's, per kernel (on the GPU). The forward pipelines every loop two deep and fits
+# 128 registers: 124 registers and 48 KB of shared memory (ptxas, sm_90), so four programs share an SM where the
+# three-deep forward at 143 registers and 65 KB held three. Measured on an H200 (W=256, L=4096 / 32768, the op
+# alone, 5 alternating rounds): 0.580 / 0.591 ms against 0.600 / 0.618 for the three-deep forward; two-deep
+# without the register cap (three programs) 0.646 / 0.672 (benchmarks/RESULTS.md, "Four forward programs per SM").
+KERNEL_OPTIONS: dict[str, dict[str, int]] = {"fwd": {"num_stages": 2, "maxnreg": 128}}
 # Backward: "fused" (dk, dv and the score gradients in one kernel, dq from those; where ``fused_slots`` allows)
 # or "two" (the dq kernel, then the dk/dv kernel, each computing the scores).
 BACKWARD = "fused"
@@ -128,7 +134,9 @@ def _desc(t: Tensor, tile: int, enabled: bool) -> Tensor | TensorDescriptor:
 
 def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tensor | None,
           pos_weight: Tensor | None, time_weight: Tensor | None, tma: bool, block_m: int, block_n: int,
-          config: tuple[int, int, int, bool]) -> dict:
+          kernel: str) -> dict:
+    """Meta-parameters and launch options of one kernel (``kernel``: its key in ``CONFIG``)."""
+    config = CONFIG[kernel]
     num_pos = 1 if pos_weight is None else pos_weight.shape[0]
     num_time = 1 if time_weight is None else time_weight.shape[0]
     return dict(
@@ -137,7 +145,7 @@ def _meta(q: Tensor, activation: str, causal: bool, norm: int, num_targets: Tens
         HAS_TIME=time_weight is not None, NUM_TIME=num_time, NORM_ROW=norm == 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=tma, BLOCK_M=block_m, BLOCK_N=block_n,
         STAGES=1 if INTERPRET else config[2], POS_PAD=_pow2(num_pos), TIME_PAD=_pow2(num_time),
-        ONE_LOOP=config[3], num_warps=config[1],
+        ONE_LOOP=config[3], num_warps=config[1], **({} if INTERPRET else KERNEL_OPTIONS.get(kernel, {})),
     )
 
 
@@ -153,7 +161,7 @@ def window_attn_fwd(
     tile = tile_of(q)
     tma = common.use_tma([q, k, v], q.shape[2], _pow2(q.shape[2]))
     inner = inner_of(CONFIG["fwd"], tile)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["fwd"])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, "fwd")
     triton_launch.run(window_attn_fwd_kernel, (work.shape[0] * q.shape[1],),
         q, k, v, _desc(k, inner, tma), _desc(v, inner, tma), out, lse, offsets, _ptr(num_targets, offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets),
@@ -188,7 +196,7 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
             stats = TensorDescriptor(stats, [2 * stats.shape[1], n], [n, 1], [1, tile])
     elif not inline:
         delta = softmax_delta(out, do, offsets, work, tile)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, cfg)
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, tile, "fused")
     del meta["ONE_LOOP"]
     # Without bias tables the fused kernel computes (and stores) [keys, queries] tiles, which its dq kernel reads.
     rows_of_keys = pos_weight is None and time_weight is None
@@ -233,13 +241,13 @@ def window_attn_bwd(
         return dq, dk, dv, table_grad(dpos, pos_weight), table_grad(dtime, time_weight)
     delta = _unset(q, q.shape[:2], torch.float32) if activation == "softmax" else lse  # written by the dq kernel
     inner = inner_of(CONFIG["dq"], tile)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, CONFIG["dq"])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, tile, inner, "dq")
     triton_launch.run(window_attn_bwd_dq_kernel, grid,
         q, k, v, out, do, _desc(k, inner, tma), _desc(v, inner, tma), lse, delta, dq, offsets, *common_args,
         _ptr(q_timestamps, offsets), _ptr(kv_timestamps, offsets), *scalars, **meta,
     )
     inner = inner_of(CONFIG["dkdv"], tile)
-    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, inner, tile, CONFIG["dkdv"])
+    meta = _meta(q, activation, causal, norm, num_targets, pos_weight, time_weight, tma, inner, tile, "dkdv")
     triton_launch.run(window_attn_bwd_dkdv_kernel, grid,
         q, k, v, do, _desc(q, inner, tma), _desc(do, inner, tma), lse, delta, dk, dv, offsets, *common_args,
         dpos, dtime,

@@ -133,6 +133,21 @@ def test_window_kernels_other_configurations(monkeypatch, config):
     assert_accurate(p, torch.float32, causal=True, window=36)
 
 
+def test_kernel_launch_options_reach_gpu_launches_only(monkeypatch):
+    # The forward's register cap and pipeline depth are GPU launch options; the interpreter takes none.
+    from kernels import attention_window_op as wop
+
+    q = torch.zeros(4, 2, 64)
+    args = (q, "softmax", True, 0, None, None, None, False, 64, 32)
+    assert set(wop.KERNEL_OPTIONS) <= set(wop.CONFIG)
+    monkeypatch.setattr(wop, "INTERPRET", False)
+    meta = wop._meta(*args, "fwd")
+    assert {k: meta[k] for k in wop.KERNEL_OPTIONS["fwd"]} == wop.KERNEL_OPTIONS["fwd"]
+    assert meta["num_warps"] == wop.CONFIG["fwd"][1] and "maxnreg" not in wop._meta(*args, "dq")
+    monkeypatch.setattr(wop, "INTERPRET", True)
+    assert "maxnreg" not in wop._meta(*args, "fwd")
+
+
 class _Forbidden:
     """A kernel that must not launch (fault injection: the backward's other path)."""
 

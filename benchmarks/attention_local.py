@@ -22,6 +22,7 @@ from benchmarks.attention import (
     offsets_of,
     rel_err,
 )
+from benchmarks.attention_profile import _smi
 from kernels import RelativeBias, jagged_attention
 
 
@@ -30,6 +31,7 @@ def _local_masks(doc: torch.Tensor) -> dict[str, Callable]:
             "window": lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) & (i - j <= 256)}
 
 
+SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu"
 COPY_CEILING_GBS = 4200.0  # device-to-device copy on the H200 (read + write), shared/device/README.md
 
 
@@ -45,7 +47,8 @@ def local(seq_lens: list[int] | None = None, calls: int = 1, rounds: int = 1) ->
     ``rounds`` > 1 times block, window and their flex baselines that many times in alternation (ours, then
     flex, each round) and reports each one's median: the card's clock and power state drift over a run by a few
     percent, and alternating exposes every column to the same drift. The generic and full causal columns are
-    timed once.
+    timed once, after the rounds at every L; the SM clock, power and temperature are printed before and after
+    each L's rounds.
     """
     H, D, tokens = 8, 128, 1 << 17
     flex, create_block_mask = _flex()
@@ -60,9 +63,14 @@ def local(seq_lens: list[int] | None = None, calls: int = 1, rounds: int = 1) ->
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     qf, kf, vf = _packed(q), _packed(k), _packed(v)
     dof = do.permute(1, 0, 2).unsqueeze(0).contiguous()
-    for L in seq_lens or (2048, 4096, 8192, 16384, 32768):
-        B = tokens // L
-        offs = offsets_of(torch.full((B,), L, dtype=torch.int64))
+    lens_run = seq_lens or (2048, 4096, 8192, 16384, 32768)
+    calls_of = {}  # L -> our calls by column
+    timed = {}  # L -> (ours, flex): fwd, fwd+bwd timings per column
+    # Two passes: first the compared columns in alternation at every L, then the columns timed once (the full
+    # causal one runs tens of seconds at the card's power limit, which would leave the rounds after it on a hot
+    # card).
+    for L in lens_run:
+        offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
         other = offs.clone()  # a second offsets tensor: the generic kernels
         doc = torch.arange(tokens, device="cuda") // L
         ours, theirs = {}, {}
@@ -74,20 +82,25 @@ def local(seq_lens: list[int] | None = None, calls: int = 1, rounds: int = 1) ->
         for key, mm in _local_masks(doc).items():
             bm = _block_mask(create_block_mask, mm, tokens, tokens)
             theirs[key] = lambda bm=bm: flex(qf, kf, vf, block_mask=bm)
-        res = {key: [_time_pair(fn, do, [q, k, v], calls)] for key, fn in ours.items()}
-        fx = {key: [_time_pair(fn, dof, [qf, kf, vf], calls)] for key, fn in theirs.items()}
-        for _ in range(rounds - 1):
+        res, fx = {"block": [], "window": []}, {"block": [], "window": []}
+        clocks = [_smi(SMI_FIELDS)]
+        for _ in range(rounds):
             for key in ("block", "window"):
                 res[key].append(_time_pair(ours[key], do, [q, k, v], calls))
                 fx[key].append(_time_pair(theirs[key], dof, [qf, kf, vf], calls))
-        if rounds > 1:  # each round's forward+backward ms, for the spread
-            print(f"L={L} rounds: " + "; ".join(f"{key} {[round(t[1], 3) for t in res[key]]} flex "
-                                                f"{[round(t[1], 3) for t in fx[key]]}" for key in ("block", "window")),
-                  flush=True)
+        clocks.append(_smi(SMI_FIELDS))
+        print(f"L={L} rounds: " + "; ".join(f"{key} {[round(t[1], 3) for t in res[key]]} flex "
+                                            f"{[round(t[1], 3) for t in fx[key]]}" for key in ("block", "window"))
+              + f"; {SMI_FIELDS} before / after the rounds: {clocks[0]} / {clocks[1]}", flush=True)
+        calls_of[L], timed[L] = ours, (res, fx)
+    for L in lens_run:
+        ours, (res, fx) = calls_of[L], timed[L]
+        for key in ("generic", "gwindow", "full"):
+            res[key] = [_time_pair(ours[key], do, [q, k, v], calls)]
         res = {key: _medians(t) for key, t in res.items()}
         fx = {key: _medians(t) for key, t in fx.items()}
         gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
-        rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
+        rows.append(f"| {L} | {tokens // L} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
                     f"{res['window'][1]:.3f} | {res['gwindow'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
                     f"{fx['block'][1] / res['block'][1]:.2f}x | {res['generic'][1] / res['block'][1]:.2f}x | "
                     f"{fx['window'][1] / res['window'][1]:.2f}x | {res['gwindow'][1] / res['window'][1]:.2f}x | "

@@ -22,7 +22,7 @@ from benchmarks.attention import (
     offsets_of,
     rel_err,
 )
-from benchmarks.attention_profile import _smi
+from benchmarks.attention_profile import nvidia_smi
 from kernels import RelativeBias, jagged_attention
 
 
@@ -83,24 +83,24 @@ def local(seq_lens: list[int] | None = None, calls: int = 1, rounds: int = 1) ->
             bm = _block_mask(create_block_mask, mm, tokens, tokens)
             theirs[key] = lambda bm=bm: flex(qf, kf, vf, block_mask=bm)
         res, fx = {"block": [], "window": []}, {"block": [], "window": []}
-        clocks = [_smi(SMI_FIELDS)]
+        clocks = [nvidia_smi(SMI_FIELDS)]
         for _ in range(rounds):
             for key in ("block", "window"):
                 res[key].append(_time_pair(ours[key], do, [q, k, v], calls))
                 fx[key].append(_time_pair(theirs[key], dof, [qf, kf, vf], calls))
-        clocks.append(_smi(SMI_FIELDS))
+        clocks.append(nvidia_smi(SMI_FIELDS))
         print(f"L={L} rounds: " + "; ".join(f"{key} {[round(t[1], 3) for t in res[key]]} flex "
                                             f"{[round(t[1], 3) for t in fx[key]]}" for key in ("block", "window"))
               + f"; {SMI_FIELDS} before / after the rounds: {clocks[0]} / {clocks[1]}", flush=True)
         calls_of[L], timed[L] = ours, (res, fx)
     for L in lens_run:
-        ours, (res, fx) = calls_of[L], timed[L]
+        B, ours, (res, fx) = tokens // L, calls_of[L], timed[L]
         for key in ("generic", "gwindow", "full"):
             res[key] = [_time_pair(ours[key], do, [q, k, v], calls)]
         res = {key: _medians(t) for key, t in res.items()}
         fx = {key: _medians(t) for key, t in fx.items()}
         gbs = 4 * tokens * H * D * 2 / (res["block"][0] * 1e-3) / 1e9
-        rows.append(f"| {L} | {tokens // L} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
+        rows.append(f"| {L} | {B} | {res['block'][1]:.3f} | {res['generic'][1]:.3f} | {fx['block'][1]:.3f} | "
                     f"{res['window'][1]:.3f} | {res['gwindow'][1]:.3f} | {fx['window'][1]:.3f} | {res['full'][1]:.3f} | "
                     f"{fx['block'][1] / res['block'][1]:.2f}x | {res['generic'][1] / res['block'][1]:.2f}x | "
                     f"{fx['window'][1] / res['window'][1]:.2f}x | {res['gwindow'][1] / res['window'][1]:.2f}x | "
@@ -273,7 +273,8 @@ def windowtune(L: int = 4096, W: int = 256) -> list[str]:
     rows = [f"### Window kernels, L={L}, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal softmax, tile {wop.TILE}",
             "", "| backward | kernel varied | inner tile | warps | stages | flag | op | op ms | useful TFLOP/s |",
             "|---|---|---|---|---|---|---|---|---|"]
-    cands = {"fwd": [(32, 4, 2, False), (32, 4, 3, False), (32, 4, 3, True), (32, 4, 4, True), (64, 4, 3, True), (64, 4, 2, False)],
+    cands = {"fwd": [(32, 4, 2, False), (32, 4, 3, False), (32, 4, 3, True), (32, 4, 4, True), (64, 4, 3, True),
+                     (64, 4, 2, False)],
              "two": [wop.CONFIG["dq"]],
              "fused": [(64, 4, 2, False), (64, 4, 3, False)],
              "dsq": [(64, 8, 3, True), (64, 8, 2, True), (64, 4, 3, True), (64, 8, 4, True)]}

@@ -85,11 +85,11 @@ def timeline(name: str = "A", calls: int = 3) -> None:
           f"CUDA events without the profiler: {cuda_time(bwd, calls=5) * 1e3:.0f} us per call (5 back to back)")
     for _ in range(20):  # sustained load: the clocks and power the timed calls ran at
         bwd()
-    print(f"while running: {_smi('clocks.sm,clocks.max.sm,power.draw,power.limit')} (SM MHz, max SM MHz, W, W limit)")
+    print(f"while running: {nvidia_smi('clocks.sm,clocks.max.sm,power.draw,power.limit')} (SM MHz, max SM MHz, W, W limit)")
     torch.cuda.synchronize()
 
 
-def _smi(fields: str) -> str:
+def nvidia_smi(fields: str) -> str:
     """``nvidia-smi --query-gpu=fields`` of the current GPU, or why it could not be read."""
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader",

@@ -55,9 +55,10 @@ MAX_HEAD_DIM = 128
 # heavily and take minutes to compile (ptxas, sm_90).
 TILE = 64
 # Measured at L=2048..32768, W=256 (bf16, D=128, causal): the forward 32-key tiles (0.68-0.76 ms at 3 stages
-# against 0.75-0.84 at 64/2; 2 stages with KERNEL_OPTIONS below since); the backward kernels one loop (the three-loop split lost 15-20% there). Fused
-# backward at L=4096: 4 warps, 2 stages, delta by its own pass (in the loop: +0.5-0.8 ms, register spills; 8 warps:
-# +0.9-1.3 ms, with or without a 128-register cap); its dq kernel 8 warps, 3 stages, descriptors (pointer loads and stores: +0.15-0.2 ms).
+# against 0.75-0.84 at 64/2; 2 stages with KERNEL_OPTIONS below since); the backward kernels one loop (the
+# three-loop split lost 15-20% there). Fused backward at L=4096: 4 warps, 2 stages, delta by its own pass (in the
+# loop: +0.5-0.8 ms, register spills; 8 warps: +0.9-1.3 ms, with or without a 128-register cap); its dq kernel
+# 8 warps, 3 stages, descriptors (pointer loads and stores: +0.15-0.2 ms).
 CONFIG: dict[str, tuple[int, int, int, bool]] = {
     "fwd": (32, 4, 2, False), "dq": (64, 4, 2, True), "dkdv": (64, 4, 2, True),
     # The fused backward (attention_triton_window_bwd): its inner tiles are the outer tile, so the first entry

@@ -5,9 +5,10 @@
 ``kernels.mx_triton.quantize(x, block, ..., row=True, col=True)`` writes x's codes in both layouts (rows blocked
 along the columns, and the transposed layout blocked along the rows) from one read of x; "two launches" is the rows
 cast and the columns cast apart (two reads, each with its shipped tiles), as ``kernels.mx.quantize_1x128_both``
-does. Each configuration is checked bit for bit against the shipped one-read configuration's codes and scales
-(``mx_triton.TILES``, the first row), then timed (median of ``triton.testing.do_bench``); bandwidth counts x read
-once plus the bytes written, against a device copy of x in the same run.
+does. Each configuration is checked bit for bit against the PyTorch reference (``kernels.mx``'s
+``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
+then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written, against a
+device copy of x in the same run. A tile is (rows, cols, warps[, register cap]).
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import mx_triton  # noqa: E402
+from kernels import mx, mx_triton  # noqa: E402
 
 SHAPE = (65536, 4096)
-# one-read tiles (rows, cols, warps) tried after the shipped ones: rows = the block transposes the codes (one
+# one-read tiles (rows, cols, warps[, register cap]) tried after the shipped ones: rows = the block transposes the codes (one
 # column block per tile), more rows transpose the fp32 tile (longer runs of each column's transposed codes)
 TILES = {
-    128: [(128, 128, 8), (128, 128, 2), (256, 128, 8), (256, 128, 4)],
-    32: [(32, 256, 4), (32, 64, 2), (64, 128, 4), (128, 128, 4), (128, 64, 4), (64, 256, 4), (128, 128, 8),
-         (64, 64, 2), (128, 32, 4)],
+    128: [(128, 128, 4), (128, 128, 8), (128, 128, 8, 112), (128, 128, 4, 200)],
+    32: [(32, 256, 4), (32, 128, 4), (32, 128, 2, 96), (32, 64, 1), (64, 128, 4)],
 }
 
 
@@ -38,6 +38,13 @@ def _bench(fn) -> float:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
+
+
+def _reference(block: int, x: torch.Tensor) -> list[torch.Tensor]:
+    """Codes and scales of both layouts from the PyTorch reference, as ``_bits`` of (q, s, qt, st)."""
+    ref = mx.mx_quantize_ref if block == 32 else mx.quantize_1x128_ref
+    rows, cols = ref(x, 1), ref(x, 0)
+    return [_bits(t) for t in (rows.data, rows.scale, cols.data, cols.scale)]
 
 
 def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
@@ -58,16 +65,19 @@ def main(argv: list[str]) -> None:
         sys.exit("quant_both.py times kernels on the GPU: run it on a CUDA machine")
     torch.manual_seed(0)
     x = torch.randn(*SHAPE, device="cuda", dtype=torch.bfloat16)
+    # non-finite blocks take the NaN code and scale: one of each kind, in both layouts' blocks
+    x[5, 300], x[1000, 7], x[4000, 4095] = float("nan"), float("inf"), float("-inf")
     copy_ms = _bench(lambda: x.clone())
     copy_tbps = 2 * x.numel() * 2 / copy_ms / 1e9
     print(f"### both-layouts casts, {SHAPE[0]}x{SHAPE[1]} bf16; copy {copy_ms:.3f} ms, {copy_tbps:.2f} TB/s "
           "(read + write)\n")
-    print("| block | configuration | ms | TB/s | % of copy | shipped one-read / this | same codes |")
+    print("| block | configuration | ms | TB/s | % of copy | shipped one-read / this | reference's codes |")
     print("|---|---|---|---|---|---|---|")
     for block in TILES:
         written = 2 * (x.numel() + x.numel() // block * (1 if block == 32 else 4))
         nbytes = x.numel() * 2 + written
-        base = None
+        base_ms = None
+        ref = _reference(block, x)
         for label, call in _calls(block, x):
             try:
                 (q, s, _), (qt, st, _) = call()
@@ -76,11 +86,11 @@ def main(argv: list[str]) -> None:
             except Exception as e:  # one configuration that does not compile must not hide the others
                 print(f"| {block} | {label} | ERROR {type(e).__name__}: {str(e)[:200]} |", flush=True)
                 continue
-            base = base or (ms, got)
-            same = all(torch.equal(a, b) for a, b in zip(got, base[1]))
+            base_ms = base_ms or ms
+            same = all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, ref))
             tbps = nbytes / ms / 1e9
             print(f"| {block} | {label} | {ms:.3f} | {tbps:.2f} | {100 * tbps / copy_tbps:.0f}% | "
-                  f"{base[0] / ms:.2f}x | {same} |", flush=True)
+                  f"{base_ms / ms:.2f}x | {same} |", flush=True)
 
 
 if __name__ == "__main__":

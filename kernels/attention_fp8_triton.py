@@ -45,7 +45,7 @@ from kernels.attention_triton_common import (
     visible,
 )
 from kernels.attention_worklist import owner
-from kernels.mx_triton import HW_CVT, _encode_e4m3, _scale_from_amax
+from kernels.mx_triton import HW_CVT, _encode_e4m3, _scale_from_amax, _scaled_codes
 
 LOG2_P_SCALE: tl.constexpr = tl.constexpr(fp8_recipe.LOG2_P_SCALE)
 SCALE_EXP_LIMIT: tl.constexpr = tl.constexpr(fp8_recipe.SCALE_EXP_LIMIT)
@@ -317,8 +317,7 @@ def _quant_block(X, OUT, OUT_T, SCALE, OFF, BLKOFF, WORK, COLS, stride_t, item, 
         x = tl.load(X + ptrs, mask=ok, other=0.0).to(tl.float32)
         amax = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)  # NaN > Inf > finite
         inv, stored, bad = input_scale(amax)
-        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -448.0), 448.0)
-        code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
+        code = _scaled_codes(x, inv, bad)
         if ROW_MAJOR:
             tl.store(OUT + ptrs, code, mask=ok)
         if TRANSPOSED:  # tokens as the fast dim of the store (coalesced); the transpose goes through the tile

@@ -72,6 +72,21 @@ def _encode_e5m2_int(y):
 
 
 @triton.jit
+def _scaled_codes(x, inv_bits, bad):
+    """e4m3 codes (uint8) of ``x * inv`` with ``inv`` the power-of-two inverse scale given as fp32 bits;
+    elements of a ``bad`` block (non-finite amax) get the NaN code 0x7F. ``inv_bits`` and ``bad`` broadcast
+    against ``x``."""
+    if HW_CVT:
+        # The cvt saturates finite values to +-448 and turns NaN into 0x7F, so no clamp and no per-element
+        # select: a bad block's scale is NaN, and so is every product with it.
+        s = tl.where(bad, float("nan"), inv_bits.to(tl.float32, bitcast=True))
+        return (x * s).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        y = tl.minimum(tl.maximum(x * inv_bits.to(tl.float32, bitcast=True), -448.0), 448.0)
+        return tl.where(bad, 0x7F, _encode_e4m3_int(y)).to(tl.uint8)
+
+
+@triton.jit
 def _scale_from_amax(amax_bits, E8M0: tl.constexpr):
     """Same rules as kernels.mx._scale_bits_ref: (inverse-scale bits, stored scale, non-finite)."""
     e = amax_bits >> 23
@@ -96,9 +111,7 @@ def _quant_rows(x, A: tl.constexpr, W: tl.constexpr, BLK: tl.constexpr, E8M0: tl
     xb = tl.reshape(x, (A * (W // BLK), BLK))
     amax = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)  # integer max: NaN > Inf > finite
     inv, stored, bad = _scale_from_amax(amax, E8M0)
-    y = xb * inv.to(tl.float32, bitcast=True)[:, None]
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    code = tl.where(bad[:, None], 0x7F, _encode_e4m3(y))
+    code = _scaled_codes(xb, inv[:, None], bad[:, None])
     return tl.reshape(code, (A, W)), tl.reshape(stored, (A, W // BLK))
 
 
@@ -121,7 +134,7 @@ def _quant_kernel(
     if ROW:  # blocks along C; output [R, CP]
         code, sc = _quant_rows(x, TR, TC, BLK, E8M0)
         m = (rr[:, None] < R) & (cc[None, :] < CP)
-        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code.to(tl.uint8), mask=m)
+        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=m)
         bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)
         ms = (rr[:, None] < R) & (bc[None, :] < CP // BLK)
         sp = s_ptr + rr[:, None] * ssr + bc[None, :] * ssc
@@ -135,9 +148,7 @@ def _quant_kernel(
             # one block of rows per tile: reduce over axis 0 in place and transpose only the 1-byte codes
             amax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0)
             inv, stored, bad = _scale_from_amax(amax, E8M0)
-            y = x * inv.to(tl.float32, bitcast=True)[None, :]
-            y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-            code = tl.where(bad[None, :], 0x7F, _encode_e4m3(y)).to(tl.uint8)
+            code = _scaled_codes(x, inv[None, :], bad[None, :])
             tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code), mask=m)
             sp = st_ptr + cc * sstr + pid_r * sstc
             if E8M0:
@@ -146,7 +157,7 @@ def _quant_kernel(
                 tl.store(sp, stored.to(tl.float32, bitcast=True), mask=cc < C)
         else:
             codet, sct = _quant_rows(tl.trans(x), TC, TR, BLK, E8M0)
-            tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], codet.to(tl.uint8), mask=m)
+            tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], codet, mask=m)
             br = (pid_r * (TR // BLK) + tl.arange(0, TR // BLK)).to(tl.int64)
             ms = (cc[:, None] < C) & (br[None, :] < RP // BLK)
             sp = st_ptr + cc[:, None] * sstr + br[None, :] * sstc
@@ -171,6 +182,8 @@ def _tile_kernel(
                 mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0).to(tl.float32)
     amax = tl.max(tl.max(w.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
     inv, stored, bad = _scale_from_amax(amax, False)
+    # Not _scaled_codes: with its 8-bit codes the transposed copy came out wrong for fp32 weights on an H200
+    # (Triton 3.6; the row-major copy of the same codes was right), so this kernel keeps int32 codes.
     y = w * inv.to(tl.float32, bitcast=True)
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     code = tl.where(bad, 0x7F, _encode_e4m3(y)).to(tl.uint8)
@@ -217,21 +230,22 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-# Tile shapes (rows, cols, warps) per (block, mode): best of sweeps on an H200 (benchmarks/fp8_linear.py --sweep,
-# 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01). Column blocks with TR == BLK
-# take the transpose-the-codes path.
-TILES: dict[tuple[int, str], tuple[int, int, int]] = {
+# Tile shapes (rows, cols, warps[, register cap]) per (block, mode): best of sweeps on an H200
+# (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01). Column
+# blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only) sets
+# how many programs share an SM.
+TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (32, "row"): (8, 512, 4),
     (32, "col"): (32, 128, 4),
     (32, "both"): (32, 128, 2),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
-    (128, "both"): (128, 128, 4),
+    (128, "both"): (128, 128, 8, 128),
 }
 
 
 def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
-             tiles: tuple[int, int, int] | None = None, col_sums: bool = False):
+             tiles: tuple[int, ...] | None = None, col_sums: bool = False):
     """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None), plus the
     fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
 
@@ -240,7 +254,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
-    tr, tc, nw = tiles or TILES[(block, mode)]
+    tr, tc, nw, *cap = tiles or TILES[(block, mode)]
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)
@@ -264,6 +278,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
         TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, num_warps=nw,
+        **({"maxnreg": cap[0]} if cap and x.is_cuda else {}),
     )
     f8 = torch.float8_e4m3fn
     rows = (q.view(f8), s, (r, c)) if row else None
@@ -351,16 +366,14 @@ def _apply_kernel(x_ptr, R, C, sxr, sxc, q_ptr, sqr, ra_ptr, rs_ptr, qt_ptr, sqt
         inv, sb, bad = _pow2_scale(tl.load(ra_ptr + rr, mask=rr < R, other=0), 8)
         if pid_c == 0:  # one program per row block writes the row scales
             tl.store(rs_ptr + rr, sb.to(tl.float32, bitcast=True), mask=rr < R)
-        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True)[:, None], -448.0), 448.0)
-        code = tl.where(bad[:, None], 0x7F, _encode_e4m3(y))
-        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code.to(tl.uint8), mask=inb)
+        code = _scaled_codes(x, inv[:, None], bad[:, None])
+        tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=inb)
     if COL:
         inv, sb, bad = _pow2_scale(tl.load(ca_ptr + cc, mask=cc < C, other=0), 8)
         if pid_r == 0:
             tl.store(cs_ptr + cc, sb.to(tl.float32, bitcast=True), mask=cc < C)
-        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True)[None, :], -448.0), 448.0)
-        code = tl.where(bad[None, :], 0x7F, _encode_e4m3(y))
-        tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code.to(tl.uint8)),
+        code = _scaled_codes(x, inv[None, :], bad[None, :])
+        tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code),
                  mask=(cc[:, None] < C) & (rr[None, :] < R))
 
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels import triton_launch
-from kernels.mx_triton import _ceil_to, _encode_e4m3, _encode_e5m2, _pow2_scale
+from kernels.mx_triton import HW_CVT, _ceil_to, _encode_e4m3, _encode_e5m2, _pow2_scale
 
 # ---- tensorwise (one scale per tensor). Current scaling: an amax pass, then one cast pass writing one or both
 # layouts; three launches per tensor (zero fill, amax, cast) and no other device ops: the cast pass derives the
@@ -93,21 +93,33 @@ def _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, 
     """Cast one [TR, TC] tile (rows rr, columns cc) and store its codes; returns (x in fp32, |x| bits)."""
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
                 other=0.0).to(tl.float32)
-    y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -FMAX), FMAX)
-    if E5M2:
-        code = _encode_e5m2(y)
-    else:
-        code = _encode_e4m3(y)
     ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    if NAN_ELEMENTS:  # a delayed scale never saw this tensor's NaN/Inf: mark them per element
-        code = tl.where(bad | (ab >= 0x7F800000), 0x7F, code).to(tl.uint8)
+    if HW_CVT:
+        # The cvt saturates finite values to +-FMAX and turns NaN into 0x7F: no clamp, and a non-finite tensor's
+        # scale is NaN. Inf elements would saturate, so a delayed scale marks them NaN first.
+        y = x * tl.where(bad, float("nan"), inv.to(tl.float32, bitcast=True))
+        if NAN_ELEMENTS:  # a delayed scale never saw this tensor's NaN/Inf: mark them per element
+            y = tl.where(ab >= 0x7F800000, float("nan"), y)
+        if E5M2:
+            code = y.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        else:
+            code = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
-        code = tl.where(bad, 0x7F, code).to(tl.uint8)
+        y = tl.minimum(tl.maximum(x * inv.to(tl.float32, bitcast=True), -FMAX), FMAX)
+        if E5M2:
+            code = _encode_e5m2(y)
+        else:
+            code = _encode_e4m3(y)
+        if NAN_ELEMENTS:  # a delayed scale never saw this tensor's NaN/Inf: mark them per element
+            code = tl.where(bad | (ab >= 0x7F800000), 0x7F, code).to(tl.uint8)
+        else:
+            code = tl.where(bad, 0x7F, code).to(tl.uint8)
     if ROW:
         tl.store(q_ptr + rr[:, None] * sqr + cc[None, :], code, mask=(rr[:, None] < R) & (cc[None, :] < CP))
     if COL:
-        tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code),
-                 mask=(cc[:, None] < C) & (rr[None, :] < RP))
+        # transposed addresses rather than tl.trans(code): with the cvt's 8-bit codes, the tl.trans form came out
+        # wrong on the GPU for fp32 inputs (Triton 3.6, an H200)
+        tl.store(qt_ptr + cc[None, :] * sqtr + rr[:, None], code, mask=(cc[None, :] < C) & (rr[:, None] < RP))
     return x, ab
 
 

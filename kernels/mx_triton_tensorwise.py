@@ -94,7 +94,9 @@ def _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, 
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
                 other=0.0).to(tl.float32)
     ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    if HW_CVT:
+    # fp32 inputs keep the integer encoder: the cvt's codes of an fp32 tile came out wrong on the GPU (Triton 3.6,
+    # an H200); 16-bit inputs, what the layers cast, were right bit for bit
+    if HW_CVT and x_ptr.dtype.element_ty != tl.float32:
         # The cvt saturates finite values to +-FMAX and turns NaN into 0x7F: no clamp, and a non-finite tensor's
         # scale is NaN. Inf elements would saturate, so a delayed scale marks them NaN first.
         y = x * tl.where(bad, float("nan"), inv.to(tl.float32, bitcast=True))

@@ -8,7 +8,8 @@ cast and the columns cast apart (two reads, each with its shipped tiles), as ``k
 does. Each configuration is checked bit for bit against the PyTorch reference (``kernels.mx``'s
 ``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
 then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written, against a
-device copy of x in the same run. A tile is (rows, cols, warps[, register cap]).
+device copy of x in the same run. A tile is (rows, cols, warps[, register cap (0: none)[, column tiles per
+program]]), as in ``kernels.mx_triton.TILES``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import mx, mx_triton  # noqa: E402
 
 SHAPE = (65536, 4096)
-# one-read tiles (rows, cols, warps[, register cap]) tried after the shipped ones: rows = the block transposes the codes (one
-# column block per tile), more rows transpose the fp32 tile (longer runs of each column's transposed codes)
+# one-read tiles tried after the shipped ones: rows = the block transposes the codes (one column block per tile),
+# more rows transpose the fp32 tile (longer runs of each column's transposed codes)
 TILES = {
-    128: [(128, 128, 4), (128, 128, 8), (128, 128, 8, 112), (128, 128, 4, 200)],
-    32: [(32, 256, 4), (32, 128, 4), (32, 128, 2, 96), (32, 64, 1), (64, 128, 4)],
+    128: [(128, 128, 4), (128, 128, 8), (128, 128, 8, 112), (128, 128, 8, 128, 2), (128, 128, 8, 128, 8)],
+    32: [(32, 128, 2), (32, 128, 2, 0, 8), (32, 128, 2, 144, 8), (32, 128, 2, 192, 8), (32, 128, 2, 160, 4),
+         (32, 128, 2, 160, 16), (32, 256, 4), (32, 256, 2, 0, 8), (64, 128, 4)],
 }
 
 

@@ -122,9 +122,27 @@ def _quant_kernel(
     qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
+    COL_TILES: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
+    if COL_TILES == 1:
+        _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
+                    cs_ptr, scs, pid_r, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
+    else:  # several column tiles per program, one after the other (pipelining their loads measured no faster)
+        for t in tl.range(0, COL_TILES, num_stages=1):
+            _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
+                        RP, cs_ptr, scs, pid_r, tl.program_id(1) * COL_TILES + t, TR, TC, BLK, ROW, COL, E8M0,
+                        COLSUM)
+
+
+@triton.jit
+def _quant_tile(
+    x_ptr, R, C, sxr, sxc,
+    q_ptr, sqr, s_ptr, ssr, ssc, CP,
+    qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs, pid_r, pid_c,
+    TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
+):
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     inb = (rr[:, None] < R) & (cc[None, :] < C)
@@ -230,14 +248,14 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-# Tile shapes (rows, cols, warps[, register cap]) per (block, mode): best of sweeps on an H200
-# (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01). Column
-# blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only) sets
-# how many programs share an SM.
+# Tile shapes (rows, cols, warps[, register cap[, column tiles per program]]) per (block, mode): best of sweeps on
+# an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01 and
+# 2026-12-03). Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's
+# ``maxnreg``, GPU only; 0 = none) sets how many programs share an SM; a program casts its column tiles in turn.
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (32, "row"): (8, 512, 4),
     (32, "col"): (32, 128, 4),
-    (32, "both"): (32, 128, 2),
+    (32, "both"): (32, 128, 2, 160, 8),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
     (128, "both"): (128, 128, 8, 128),
@@ -254,7 +272,8 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
-    tr, tc, nw, *cap = tiles or TILES[(block, mode)]
+    t = tuple(tiles or TILES[(block, mode)])
+    tr, tc, nw, cap, col_tiles = t + (0, 1)[len(t) - 3:]
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)
@@ -271,14 +290,14 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
-    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc))
+    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(triton.cdiv(cp if row else c, tc), col_tiles))
     cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
     triton_launch.run(_quant_kernel, grid,
         x, r, c, x.stride(0), x.stride(1),
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
-        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, num_warps=nw,
-        **({"maxnreg": cap[0]} if cap and x.is_cuda else {}),
+        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, COL_TILES=col_tiles, num_warps=nw,
+        **({"maxnreg": cap} if cap and x.is_cuda else {}),
     )
     f8 = torch.float8_e4m3fn
     rows = (q.view(f8), s, (r, c)) if row else None

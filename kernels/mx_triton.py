@@ -253,8 +253,8 @@ def _ceil_to(n: int, m: int) -> int:
 # 2026-12-03). Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's
 # ``maxnreg``, GPU only; 0 = none) sets how many programs share an SM; a program casts its column tiles in turn.
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
-    (32, "row"): (8, 512, 4),
-    (32, "col"): (32, 128, 4),
+    (32, "row"): (8, 512, 4, 0, 8),
+    (32, "col"): (32, 128, 1, 0, 8),
     (32, "both"): (32, 128, 2, 160, 8),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),

@@ -54,16 +54,16 @@ class PrecisionPolicy:
     weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
     ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe.
     ``scaling`` (``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's scaling of x and
-    dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``. Current scaling stays the
-    default until a quality run says otherwise. ``min_gemm`` (tokens x in x out): FP8 layers run their smaller
+    dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``, so current scaling stays the
+    default (it works with every recipe). ``min_gemm`` (tokens x in x out): FP8 layers run their smaller
     calls in bf16 (``Fp8Config.min_gemm``; 2e11 keeps FP8 where it measured faster on an H200)."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
-    # round): "tensorwise" with scaling="delayed", 1.42x bf16 over the gem_medium MLP's two linears (current
-    # scaling 1.31x, blockwise 1.12x); interaction-sized layers lose in FP8 (0.12-0.22x, host-bound).
-    # Held-out NE of FP8-linear training is inside run-to-run noise but the 0.1% target is below it; delayed
-    # scaling has no quality run yet.
+    # round, and 2026-12-03): "tensorwise" with scaling="delayed", 1.44-1.48x bf16 over the gem_medium MLP's two
+    # linears (current scaling 1.31x, blockwise 1.15x); interaction-sized layers lose in FP8 (0.12-0.22x,
+    # host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside run-to-run
+    # noise (three seeds), but the 0.1% target is below that noise.
     attention: str = "bf16"
     mlp: str = "bf16"
     interaction: str = "bf16"

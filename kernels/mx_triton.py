@@ -290,7 +290,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
-    grid = (triton.cdiv(rp if col else r, tr), triton.cdiv(triton.cdiv(cp if row else c, tc), col_tiles))
+    grid = (triton.cdiv(rp if col else r, tr), -(-triton.cdiv(cp if row else c, tc) // col_tiles))
     cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
     triton_launch.run(_quant_kernel, grid,
         x, r, c, x.stride(0), x.stride(1),

@@ -273,7 +273,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
     t = tuple(tiles or TILES[(block, mode)])
-    tr, tc, nw, cap, col_tiles = t + (0, 1)[len(t) - 3:]
+    tr, tc, nw, cap, col_tiles = t + (0, 1)[len(t) - 3:]  # defaults: no register cap, one column tile
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)

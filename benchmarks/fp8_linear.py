@@ -315,8 +315,10 @@ def time_delayed_casts(x: torch.Tensor, copy_bw: float) -> list[dict]:
         t = bench(lambda row=row, col=col, cs=cs: mx_triton_tensorwise.quantize_tensorwise(
             x, row, col, "e5m2", col_sums=cs, history=hist, step=1, window=16, use_history=True), rep=100)
         bw = (x.element_size() * n + (row + col) * n) / t / 1e9
-        out.append(dict(kernel=f"tensorwise delayed {label} ({best[2]} programs)", ms=t, tbps=bw,
-                        pct_copy=100 * bw / copy_bw, tiles=list(best[1])))
+        tiles, programs = ((mx_triton_tensorwise.TENSORWISE_COLSUM_TILES, mx_triton_tensorwise.TENSORWISE_COLSUM_PROGRAMS)
+                           if cs else (best[1], best[2]))
+        out.append(dict(kernel=f"tensorwise delayed {label} ({programs} programs)", ms=t, tbps=bw,
+                        pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
     return out
 
 
@@ -380,7 +382,8 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
     q = mx.mx_quantize(x, 1, backend="triton")
     t = bench(lambda: mx.mx_dequantize(q, torch.bfloat16, backend="triton"), rep=100)
     bw = (x.numel() * (1 + 2) + q.scale.numel()) / t / 1e9
-    out.append(dict(kernel="mx dequantize -> bf16", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=[16, 256, 4]))
+    out.append(dict(kernel="mx dequantize -> bf16", ms=t, tbps=bw, pct_copy=100 * bw / copy_bw,
+                    tiles=list(mx_triton.DEQUANT_TILES)))
     w = torch.randn(4096, 1024, device=dev, dtype=torch.bfloat16)
     t = bench(lambda: mx.quantize_128x128(w, backend="triton"), rep=100)
     bw = (w.numel() * (2 + 2)) / t / 1e9

@@ -221,24 +221,31 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     m = (rr[:, None] < R) & (cc[None, :] < C)
-    c = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0).to(tl.int32)
+    code = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0)
     bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)  # one scale per block, broadcast
     sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :], mask=(rr[:, None] < R) & (bc[None, :] * BLK < C),
                  other=127).to(tl.int32)
-    e = (c >> 3) & 0xF
-    mant = c & 7
-    sign = (c & 0x80) << 24
-    normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
-    sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact; sign set by bits (keeps -0.0)
-    sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    v = tl.where(e == 0, sub, normal)
-    v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+    if HW_CVT:  # the GPU's e4m3 -> fp32 conversion is exact, subnormals and NaN codes included
+        v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        c = code.to(tl.int32)
+        e = (c >> 3) & 0xF
+        mant = c & 7
+        sign = (c & 0x80) << 24
+        normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+        sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact; sign set by bits (keeps -0.0)
+        sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        v = tl.where(e == 0, sub, normal)
+        v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
     xs = tl.where(sb == 0, 0x00400000, tl.where(sb == 255, 0x7FC00000, sb << 23)).to(tl.float32, bitcast=True)
     out = tl.reshape(tl.reshape(v, (TR, TC // BLK, BLK)) * xs[:, :, None], (TR, TC))  # NaN scale -> NaN
-    if BF16:  # integer round-to-nearest-even, so subnormals round the same on every backend
-        b = out.to(tl.int32, bitcast=True)
-        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        r = tl.where(out != out, 0x7FC0, r)
+    if BF16:
+        if HW_CVT:  # the GPU's conversion rounds to nearest even, subnormals included
+            r = out.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        else:  # integer round-to-nearest-even: the interpreter's conversion rounds subnormals otherwise
+            b = out.to(tl.int32, bitcast=True)
+            r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(out != out, 0x7FC0, r)  # torch's NaN, not the cvt's 0x7FFF
         tl.store(o_ptr + rr[:, None] * sor + cc[None, :], r.to(tl.int16), mask=m)
     else:
         tl.store(o_ptr + rr[:, None] * sor + cc[None, :], out, mask=m)
@@ -325,6 +332,11 @@ def quantize_tiles(w: torch.Tensor, tile: int = 128):
     return (q.view(f8), s), (qt.view(f8), st)
 
 
+# (rows, cols, warps) of mx_dequantize: best of a 10-tile sweep on an H200 (benchmarks/RESULTS.md, 2026-12-03),
+# 65536x4096 to bf16 in 0.216 ms (91% of copy); the other tiles of 256-1024 columns within 5%.
+DEQUANT_TILES: tuple[int, int, int] = (8, 1024, 4)
+
+
 def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int],
                   dtype: torch.dtype) -> torch.Tensor:
     """Decode MXFP8 (data [R, Cp] e4m3, scale [R, Cp/32] uint8) to ``dtype`` [R, C]."""
@@ -334,10 +346,10 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     bf16 = dtype == torch.bfloat16
     out = torch.empty(r, c, dtype=dtype, device=data.device)
     q = data.view(torch.uint8)
-    tr, tc = 16, 256
+    tr, tc, nw = DEQUANT_TILES
     triton_launch.run(_mx_dequant_kernel, (triton.cdiv(r, tr), triton.cdiv(c, tc)),
         q, q.stride(0), scale, scale.stride(0), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
-        TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=4,
+        TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=nw,
     )
     return out
 

@@ -29,6 +29,12 @@ TENSORWISE_AMAX_PROGRAMS = 1024  # programs of the amax pass in all (each loops 
 # layouts of 65536x4096 bf16 in 0.545 ms (48% of copy); the other counts and tiles within 2%.
 TENSORWISE_DELAYED_TILES: tuple[int, int, int] = (32, 128, 4)
 TENSORWISE_CAST_PROGRAMS = 4224
+# The recording cast that also sums x's columns (dY in the backward: the bias gradient from the same read): the
+# column sums take a register per element, and taller, narrower tiles with fewer programs keep that cheaper; best
+# of a 10-tile x 3-program-count sweep on an H200 (benchmarks/RESULTS.md, 2026-12-03): both layouts + sums of
+# 65536x4096 bf16 in 0.359-0.361 ms (72% of copy), 0.400-0.404 (64%) at the cast's own tiles.
+TENSORWISE_COLSUM_TILES: tuple[int, int, int] = (64, 64, 4)
+TENSORWISE_COLSUM_PROGRAMS = 2112
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
 _DUMMIES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -212,7 +218,8 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     ``history`` (int64 [window + 1] ring, see kernels.mx.DelayedScale): the cast records this tensor's amax for
     ``step``; with ``use_history`` the scale comes from the ring (one pass over ``x``, no amax pass), else from
     an amax pass as in current scaling. A recording cast loops over row tiles (``row_step`` programs along the
-    rows; default: about ``TENSORWISE_CAST_PROGRAMS`` in all on a GPU, half the row tiles on CPU)."""
+    rows; default: about ``TENSORWISE_CAST_PROGRAMS`` in all on a GPU, ``TENSORWISE_COLSUM_PROGRAMS`` with
+    column sums, half the row tiles on CPU)."""
     r, c = x.shape
     dev = x.device
     e5, fmax, emax = _FMT[fmt]
@@ -228,18 +235,20 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     else:
         amax = tensorwise_amax(x)
     scale = torch.empty((), dtype=torch.float32, device=dev)
-    tr, tc, nw = tiles or (TENSORWISE_DELAYED_TILES if record else TENSORWISE_TILES)
+    cs_here = col_sums and delayed
+    tr, tc, nw = tiles or (TENSORWISE_COLSUM_TILES if cs_here else
+                           TENSORWISE_DELAYED_TILES if record else TENSORWISE_TILES)
     dummy = _dummy(dev, torch.uint8)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy
     nr = rp if col else r
     row_tiles, col_tiles = max(1, _cdiv(nr, tr)), max(1, _cdiv(cp if row else c, tc))
-    cs_here = col_sums and delayed
     loop = record or cs_here
     if not loop:
         row_step = row_tiles
     elif row_step is None:
-        row_step = max(1, min(row_tiles, TENSORWISE_CAST_PROGRAMS // col_tiles)) if x.is_cuda else \
+        programs = TENSORWISE_COLSUM_PROGRAMS if cs_here else TENSORWISE_CAST_PROGRAMS
+        row_step = max(1, min(row_tiles, programs // col_tiles)) if x.is_cuda else \
             _cdiv(row_tiles, 2)
     cs = torch.empty(row_step, c, dtype=torch.float32, device=dev) if cs_here else _dummy(dev, torch.float32)
     nslot = history.shape[0] if record else 1

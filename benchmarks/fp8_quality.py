@@ -48,7 +48,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bf16 (repeat)": {},
     "blockwise wgrad=bf16": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "bf16"},
     "blockwise": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "recipe"},
-    "tensorwise": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe"},
+    "tensorwise": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "current"},
     "tensorwise delayed": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "delayed"},
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",

@@ -41,6 +41,7 @@ FP8_KINDS = ("attention", "mlp", "interaction")
 ATTENTION_KERNELS = ("bf16", "fp8", "fp8_fwd_bwd")
 ATTENTION_PRECISION_ATTR = "attention_precision"
 HIGH_PRECISION_KINDS = ("embedding", "head", "norm", "loss")
+POLICY_SCALINGS = ("auto",) + SCALINGS  # "auto": delayed for the tensorwise layers, current for the others
 KIND_ATTR = "precision_kind"
 
 
@@ -53,16 +54,17 @@ class PrecisionPolicy:
     """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``tensorwise`` | ``bf16``),
     weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
     ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe.
-    ``scaling`` (``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's scaling of x and
-    dY (``kernels.fp8_linear``); ``delayed`` needs every FP8 kind in ``tensorwise``, so current scaling stays the
-    default (it works with every recipe). ``min_gemm`` (tokens x in x out): FP8 layers run their smaller
-    calls in bf16 (``Fp8Config.min_gemm``; 2e11 keeps FP8 where it measured faster on an H200)."""
+    ``scaling`` (``auto`` | ``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's
+    scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
+    scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
+    needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
+    ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11 keeps FP8 where it measured faster on an H200)."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
-    # round, and 2026-12-03): "tensorwise" with scaling="delayed", 1.44-1.48x bf16 over the gem_medium MLP's two
-    # linears (current scaling 1.31x, blockwise 1.15x); interaction-sized layers lose in FP8 (0.12-0.22x,
-    # host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside run-to-run
+    # round, and 2026-12-03): "tensorwise" with delayed scaling (what "auto" gives it), 1.44-1.48x bf16 over the
+    # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); interaction-sized layers lose in FP8
+    # (0.12-0.22x, host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside run-to-run
     # noise (three seeds), but the 0.1% target is below that noise.
     attention: str = "bf16"
     mlp: str = "bf16"
@@ -74,7 +76,7 @@ class PrecisionPolicy:
     attention_kernel: str = "bf16"
     attention_kernel_layers: tuple[str, ...] | None = None
     grad_format: str = "e5m2"
-    scaling: str = "current"
+    scaling: str = "auto"
     amax_history: int = 16
     min_gemm: float = 0  # FP8 layers run bf16 below this tokens x in x out (``Fp8Config.min_gemm``)
 
@@ -100,9 +102,9 @@ class PrecisionPolicy:
             raise PrecisionPolicyError(
                 f"PrecisionPolicy.high_precision: unknown kinds {unknown}; "
                 f"known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
-        if self.scaling not in SCALINGS:
+        if self.scaling not in POLICY_SCALINGS:
             raise PrecisionPolicyError(
-                f"PrecisionPolicy.scaling: unknown scaling {self.scaling!r}; expected one of {SCALINGS}")
+                f"PrecisionPolicy.scaling: unknown scaling {self.scaling!r}; expected one of {POLICY_SCALINGS}")
         if self.scaling == "delayed":
             other = {k: getattr(self, k) for k in FP8_KINDS if getattr(self, k) not in ("tensorwise", "bf16")}
             if other:
@@ -155,12 +157,16 @@ class PrecisionPolicy:
         raise PrecisionPolicyError(
             f"unknown precision_kind {kind!r}; known: {list(FP8_KINDS + HIGH_PRECISION_KINDS)}")
 
+    def scaling_for(self, recipe: str) -> str:
+        """The Fp8Config scaling of a layer with ``recipe``: only tensorwise layers scale from an amax history."""
+        return "delayed" if recipe == "tensorwise" and self.scaling in ("auto", "delayed") else "current"
+
     def config_for(self, kind: str) -> Fp8Config | None:
         recipe = self.recipe_for(kind)
         if recipe is None:
             return None
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
-                         grad_format=self.grad_format, scaling=self.scaling if recipe == "tensorwise" else "current",
+                         grad_format=self.grad_format, scaling=self.scaling_for(recipe),
                          amax_history=self.amax_history, min_gemm=self.min_gemm)
 
 

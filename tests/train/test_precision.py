@@ -128,7 +128,7 @@ def test_delayed_scaling_option_reaches_the_tensorwise_layers_and_is_validated()
     p = PrecisionPolicy.from_dict({"mlp": "tensorwise", "attention": "tensorwise", "wgrad": "recipe",
                                    "emulate": True, "scaling": "delayed", "amax_history": "8"})  # "8": a CLI value
     assert p.scaling == "delayed" and p.amax_history == 8
-    assert PrecisionPolicy().scaling == "current"  # current scaling stays the default
+    assert PrecisionPolicy().scaling == "auto"
     model = Toy()
     report = apply_precision_policy(model, p)
     assert set(report.converted.values()) == {"tensorwise"}
@@ -156,3 +156,12 @@ def test_min_gemm_reaches_the_fp8_layers_and_is_validated():
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "min_gemm": "a lot"})
     with pytest.raises(PrecisionPolicyError, match="min_gemm"):
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "min_gemm": -5})
+
+
+def test_auto_scaling_gives_tensorwise_layers_delayed_scaling_and_the_others_current():
+    p = PrecisionPolicy(mlp="tensorwise", attention="blockwise", emulate=True)  # auto: mixing recipes is fine
+    assert p.config_for("mlp").scaling == "delayed"
+    assert p.config_for("attention").scaling == "current"
+    assert PrecisionPolicy(mlp="tensorwise", scaling="current").config_for("mlp").scaling == "current"
+    with pytest.raises(PrecisionPolicyError, match="unknown scaling"):
+        PrecisionPolicy(scaling="sometimes")

@@ -8,8 +8,8 @@ cast and the columns cast apart (two reads, each with its shipped tiles), as ``k
 does. Each configuration is checked bit for bit against the PyTorch reference (``kernels.mx``'s
 ``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
 then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written, against a
-device copy of x in the same run. A tile is (rows, cols, warps[, register cap (0: none)[, column tiles per
-program]]), as in ``kernels.mx_triton.TILES``.
+device copy of x in the same run. A tile is (rows, cols, warps[, register cap (0: none)[, tiles per
+program[, along rows]]]), as in ``kernels.mx_triton.TILES``.
 """
 
 from __future__ import annotations

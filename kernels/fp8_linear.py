@@ -431,11 +431,10 @@ class _Fp8LinearFn(torch.autograd.Function):
         dyq = _pad_rows(dy, plan.row_align)
         dyd = ctx.state.scale(1, ctx.step, ctx.dy_use_history) if ctx.state is not None and (need_x or need_w) \
             else None
-        # db from the quantizer's read of dY: the amax pass sums dY's columns nearly for free, but a delayed cast
-        # (no amax pass) summing them took longer than a separate sum (H200, benchmarks/RESULTS.md 2026-11-30,
-        # fourth round: +0.21 ms in the cast against 0.135 ms for torch's sum on 65536x4096 bf16)
-        fuse_db = (want_db and plan.native and plan.recipe in FUSED_BIAS_GRAD
-                   and not (dyd is not None and dyd.use_history))
+        # db from the quantizer's read of dY: the amax pass sums dY's columns nearly for free, and so does a delayed
+        # cast (no amax pass): on 65536x1024 and 65536x4096 bf16 its sums cost 0.05-0.14 ms less than a separate
+        # torch sum, for one layout or both (H200, benchmarks/RESULTS.md 2026-12-03)
+        fuse_db = want_db and plan.native and plan.recipe in FUSED_BIAS_GRAD
         if ctx.fp8_wgrad and need_w:
             if fuse_db:
                 dya, dyt, db = plan.act_both(dyq, col_sums=True, grad=True, delayed=dyd)

@@ -122,12 +122,19 @@ def _quant_kernel(
     qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
-    COL_TILES: tl.constexpr,
+    COL_TILES: tl.constexpr, ALONG_ROWS: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     if COL_TILES == 1:
         _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
                     cs_ptr, scs, pid_r, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
+    elif ALONG_ROWS:  # several row tiles per program: each column's transposed codes in one longer run
+        # (MX columns: 0.300 -> 0.280 ms on 65536x4096 bf16; MX and 1x128 both layouts lost with it)
+        for t in tl.range(0, COL_TILES, num_stages=1):
+            pr = pid_r * COL_TILES + t
+            if pr * TR < (RP if COL else R):
+                _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
+                            RP, cs_ptr, scs, pr, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
     else:  # several column tiles per program, one after the other (pipelining their loads measured no faster)
         for t in tl.range(0, COL_TILES, num_stages=1):
             _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
@@ -255,13 +262,15 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-# Tile shapes (rows, cols, warps[, register cap[, column tiles per program]]) per (block, mode): best of sweeps on
-# an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py, 2026-12-01 and
-# 2026-12-03). Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's
-# ``maxnreg``, GPU only; 0 = none) sets how many programs share an SM; a program casts its column tiles in turn.
+# Tile shapes (rows, cols, warps[, register cap[, tiles per program[, along rows]]]) per (block, mode): best of
+# sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py,
+# 2026-12-01 and 2026-12-03; MX columns: benchmarks/RESULTS.md, 2026-12-03, ninth session). Column blocks with
+# TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only; 0 = none) sets
+# how many programs share an SM; a program casts its tiles in turn, along the columns (along rows = 0) or along
+# the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer run).
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (32, "row"): (8, 512, 4, 0, 8),
-    (32, "col"): (32, 128, 1, 0, 8),
+    (32, "col"): (32, 128, 1, 0, 4, 1),
     (32, "both"): (32, 128, 2, 160, 8),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
@@ -280,7 +289,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
     t = tuple(tiles or TILES[(block, mode)])
-    tr, tc, nw, cap, col_tiles = t + (0, 1)[len(t) - 3:]  # defaults: no register cap, one column tile
+    tr, tc, nw, cap, col_tiles, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)
@@ -297,13 +306,15 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
-    grid = (triton.cdiv(rp if col else r, tr), -(-triton.cdiv(cp if row else c, tc) // col_tiles))
-    cs = torch.empty(grid[0], c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
+    row_tiles, n_col_tiles = triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc)
+    grid = (-(-row_tiles // col_tiles), n_col_tiles) if along_rows else (row_tiles, -(-n_col_tiles // col_tiles))
+    cs = torch.empty(row_tiles, c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
     triton_launch.run(_quant_kernel, grid,
         x, r, c, x.stride(0), x.stride(1),
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
-        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, COL_TILES=col_tiles, num_warps=nw,
+        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, COL_TILES=col_tiles,
+        ALONG_ROWS=bool(along_rows), num_warps=nw,
         **({"maxnreg": cap} if cap and x.is_cuda else {}),
     )
     f8 = torch.float8_e4m3fn

@@ -58,14 +58,15 @@ class PrecisionPolicy:
     scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
     scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
     needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
-    ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11 keeps FP8 where it measured faster on an H200)."""
+    ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11
+    keeps FP8 where it measured faster on an H200)."""
 
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
     # round, and 2026-12-03): "tensorwise" with delayed scaling (what "auto" gives it), 1.44-1.48x bf16 over the
     # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); interaction-sized layers lose in FP8
-    # (0.12-0.22x, host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside run-to-run
-    # noise (three seeds), but the 0.1% target is below that noise.
+    # (0.12-0.22x, host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside
+    # run-to-run noise (three seeds), but the 0.1% target is below that noise.
     attention: str = "bf16"
     mlp: str = "bf16"
     interaction: str = "bf16"

@@ -122,24 +122,26 @@ def _quant_kernel(
     qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
-    COL_TILES: tl.constexpr, ALONG_ROWS: tl.constexpr,
+    TILES_PER_PROG: tl.constexpr, ALONG_ROWS: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
-    if COL_TILES == 1:
+    if TILES_PER_PROG == 1:
         _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
                     cs_ptr, scs, pid_r, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
-    elif ALONG_ROWS:  # several row tiles per program: each column's transposed codes in one longer run
-        # (MX columns: 0.300 -> 0.280 ms on 65536x4096 bf16; MX and 1x128 both layouts lost with it)
-        for t in tl.range(0, COL_TILES, num_stages=1):
-            pr = pid_r * COL_TILES + t
-            if pr * TR < (RP if COL else R):
+    else:
+        # Several tiles per program, cast in turn (pipelining their loads measured no faster): consecutive row
+        # tiles (each column's transposed codes in one longer run; MX columns: 0.300 -> 0.280 ms on 65536x4096
+        # bf16, MX and 1x128 both layouts lost with it) or consecutive column tiles.
+        for t in tl.range(0, TILES_PER_PROG, num_stages=1):
+            if ALONG_ROWS:
+                pr = pid_r * TILES_PER_PROG + t
+                pc = tl.program_id(1)
+            else:
+                pr = pid_r
+                pc = tl.program_id(1) * TILES_PER_PROG + t
+            if (pr * TR < (RP if COL else R)) & (pc * TC < (CP if ROW else C)):
                 _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
-                            RP, cs_ptr, scs, pr, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
-    else:  # several column tiles per program, one after the other (pipelining their loads measured no faster)
-        for t in tl.range(0, COL_TILES, num_stages=1):
-            _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
-                        RP, cs_ptr, scs, pid_r, tl.program_id(1) * COL_TILES + t, TR, TC, BLK, ROW, COL, E8M0,
-                        COLSUM)
+                            RP, cs_ptr, scs, pr, pc, TR, TC, BLK, ROW, COL, E8M0, COLSUM)
 
 
 @triton.jit
@@ -289,7 +291,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
     t = tuple(tiles or TILES[(block, mode)])
-    tr, tc, nw, cap, col_tiles, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
+    tr, tc, nw, cap, per_prog, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)
@@ -307,13 +309,13 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
     st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
     row_tiles, n_col_tiles = triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc)
-    grid = (-(-row_tiles // col_tiles), n_col_tiles) if along_rows else (row_tiles, -(-n_col_tiles // col_tiles))
+    grid = (-(-row_tiles // per_prog), n_col_tiles) if along_rows else (row_tiles, -(-n_col_tiles // per_prog))
     cs = torch.empty(row_tiles, c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
     triton_launch.run(_quant_kernel, grid,
         x, r, c, x.stride(0), x.stride(1),
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
-        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, COL_TILES=col_tiles,
+        TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, TILES_PER_PROG=per_prog,
         ALONG_ROWS=bool(along_rows), num_warps=nw,
         **({"maxnreg": cap} if cap and x.is_cuda else {}),
     )

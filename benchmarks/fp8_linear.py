@@ -330,13 +330,15 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
     t_copy = bench(lambda: x.clone())
     copy_bw = 2 * nbytes_in / t_copy / 1e9  # TB/s (bytes / ms / 1e9): read + write
     out = time_delayed_casts(x, copy_bw)
-    cases = [  # (label, block, e8m0, row, col)
-        ("mx rows (1x32)", 32, True, True, False),
-        ("mx cols (x^T layout)", 32, True, False, True),
-        ("mx both layouts", 32, True, True, True),
-        ("1x128 rows", 128, False, True, False),
-        ("1x128 cols (x^T layout)", 128, False, False, True),
-        ("1x128 both layouts", 128, False, True, True),
+    cases = [  # (label, block, e8m0, row, col, column sums)
+        ("mx rows (1x32)", 32, True, True, False, False),
+        ("mx cols (x^T layout)", 32, True, False, True, False),
+        ("mx both layouts", 32, True, True, True, False),
+        ("mx both layouts + column sums (dY)", 32, True, True, True, True),
+        ("1x128 rows", 128, False, True, False, False),
+        ("1x128 cols (x^T layout)", 128, False, False, True, False),
+        ("1x128 both layouts", 128, False, True, True, False),
+        ("1x128 both layouts + column sums (dY)", 128, False, True, True, True),
     ]
     sweep_tiles = {
         (32, "row"): [(8, 512, 4, 0, 8), (16, 256, 4), (8, 512, 4), (32, 256, 8)],
@@ -346,14 +348,17 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
         (128, "row"): [(8, 512, 4), (16, 512, 8), (8, 1024, 8)],
         (128, "col"): [(128, 64, 8), (128, 32, 4), (128, 64, 4), (128, 128, 8)],
         (128, "both"): [(128, 128, 4), (128, 128, 8), (128, 128, 16)],
+        (32, "both+sums"): [(32, 128, 1, 0, 8), (32, 128, 2, 160, 8), (32, 128, 2, 0, 8)],
+        (128, "both+sums"): [(128, 128, 4), (128, 128, 8, 128), (128, 128, 4, 0, 2, 1)],
     }
-    for label, blk, e8, row, col in ([] if only_tensorwise else cases):
-        mode = "both" if (row and col) else ("row" if row else "col")
-        outs = (row + col) * (x.numel() + x.numel() // blk * (1 if e8 else 4))
+    for label, blk, e8, row, col, sums in ([] if only_tensorwise else cases):
+        mode = ("both" if (row and col) else ("row" if row else "col")) + ("+sums" if sums else "")
+        outs = (row + col) * (x.numel() + x.numel() // blk * (1 if e8 else 4))  # the sums' few bytes not counted
         best = None
         for tiles in (sweep_tiles[(blk, mode)] if sweep else [mx_triton.TILES[(blk, mode)]]):
             try:
-                t = bench(lambda tiles=tiles, a=(blk, e8, row, col): mx_triton.quantize(x, *a, tiles=tiles), rep=100)
+                t = bench(lambda tiles=tiles, a=(blk, e8, row, col), sums=sums: mx_triton.quantize(
+                    x, *a, tiles=tiles, col_sums=sums), rep=100)
             except Exception as e:
                 print(f"tile {tiles} for {label} failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
                 continue

@@ -266,8 +266,8 @@ def _ceil_to(n: int, m: int) -> int:
 
 # Tile shapes (rows, cols, warps[, register cap[, tiles per program[, along rows]]]) per (block, mode): best of
 # sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py,
-# 2026-12-01 and 2026-12-03; MX columns: benchmarks/RESULTS.md, 2026-12-03, ninth session). Column blocks with
-# TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only; 0 = none) sets
+# 2026-12-01 and 2026-12-03; MX columns and both layouts with column sums: benchmarks/RESULTS.md, 2026-12-03).
+# Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only; 0 = none) sets
 # how many programs share an SM; a program casts its tiles in turn, along the columns (along rows = 0) or along
 # the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer run).
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
@@ -277,6 +277,9 @@ TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
     (128, "both"): (128, 128, 8, 128),
+    # both layouts plus column sums (dY: the bias gradient from the same read) take fewer registers per program
+    (32, "both+sums"): (32, 128, 1, 0, 8),
+    (128, "both+sums"): (128, 128, 4),
 }
 
 
@@ -290,7 +293,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
-    t = tuple(tiles or TILES[(block, mode)])
+    t = tuple(tiles or TILES.get((block, mode + "+sums") if col_sums else None) or TILES[(block, mode)])
     tr, tc, nw, cap, per_prog, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")

@@ -90,7 +90,8 @@ def test_both_layouts_from_one_read_match_single_layouts():
 
 @pytest.mark.parametrize("block,tiles", [(32, (64, 64, 4)), (32, (32, 128, 4)), (128, (128, 128, 4)),
                                          (128, (256, 128, 8)), (32, (32, 64, 2, 0, 2)), (128, (128, 128, 4, 0, 2)),
-                                         (32, (32, 128, 2, 0, 3, 1)), (128, (128, 128, 4, 0, 3, 1))])
+                                         (32, (32, 128, 2, 0, 3, 1)), (128, (128, 128, 4, 0, 3, 1)),
+                                         (32, (32, 128, 1, 0, 8))])
 def test_every_tile_path_matches_reference(block, tiles):
     """Column blocks take one of two code paths (TR == block or not), and a program may cast several column
     tiles, or several row tiles (here more than the rows hold), in turn: all must be exact."""

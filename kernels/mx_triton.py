@@ -223,7 +223,7 @@ def _tile_kernel(
 
 
 @triton.jit
-def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
+def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, ssc, o_ptr, sor, R, C,
                        TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr, BF16: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -232,7 +232,7 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, o_ptr, sor, R, C,
     m = (rr[:, None] < R) & (cc[None, :] < C)
     code = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0)
     bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)  # one scale per block, broadcast
-    sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :], mask=(rr[:, None] < R) & (bc[None, :] * BLK < C),
+    sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :] * ssc, mask=(rr[:, None] < R) & (bc[None, :] * BLK < C),
                  other=127).to(tl.int32)
     if HW_CVT:  # the GPU's e4m3 -> fp32 conversion is exact, subnormals and NaN codes included
         v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -289,7 +289,9 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
 
     Row output: q [R, Cp], scale [R, Cp/block]; column output: qt [C, Rp], scale [C, Rp/block].
-    E8M0 scales are row-major uint8; fp32 (1x128) scales are [rows, nb] with strides (1, rows).
+    fp32 (1x128) scales are [rows, nb] with strides (1, rows), as scaled_mm reads them. E8M0 scales are uint8,
+    row-major for the row output and column-major for the column output: a tile's scales of its TC columns are
+    then one contiguous run instead of TC single bytes a row of scales apart.
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
@@ -301,16 +303,16 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     dev = x.device
     sdt = torch.uint8 if e8m0 else torch.float32
 
-    def scale_buf(rows: int, nb: int) -> torch.Tensor:
-        if e8m0:
+    def scale_buf(rows: int, nb: int, row_major: bool) -> torch.Tensor:
+        if row_major:
             return torch.empty(rows, nb, dtype=sdt, device=dev)
-        return torch.empty(nb, rows, dtype=sdt, device=dev).t()  # column-major, as scaled_mm reads
+        return torch.empty(nb, rows, dtype=sdt, device=dev).t()
 
     dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy8.view(1, 1)
-    s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
+    s = scale_buf(r, cp // block, e8m0) if row else torch.empty(1, 1, dtype=sdt, device=dev)
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
-    st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
+    st = scale_buf(c, rp // block, False) if col else torch.empty(1, 1, dtype=sdt, device=dev)
     row_tiles, n_col_tiles = triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc)
     grid = (-(-row_tiles // per_prog), n_col_tiles) if along_rows else (row_tiles, -(-n_col_tiles // per_prog))
     cs = torch.empty(row_tiles, c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)
@@ -355,7 +357,7 @@ DEQUANT_TILES: tuple[int, int, int] = (8, 1024, 4)
 
 def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int],
                   dtype: torch.dtype) -> torch.Tensor:
-    """Decode MXFP8 (data [R, Cp] e4m3, scale [R, Cp/32] uint8) to ``dtype`` [R, C]."""
+    """Decode MXFP8 (data [R, Cp] e4m3, scale [R, Cp/32] uint8 of any strides) to ``dtype`` [R, C]."""
     r, c = shape
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"mx_dequantize: output dtype must be float32 or bfloat16, got {dtype}")
@@ -364,7 +366,7 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     q = data.view(torch.uint8)
     tr, tc, nw = DEQUANT_TILES
     triton_launch.run(_mx_dequant_kernel, (triton.cdiv(r, tr), triton.cdiv(c, tc)),
-        q, q.stride(0), scale, scale.stride(0), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
+        q, q.stride(0), scale, scale.stride(0), scale.stride(1), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
         TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=nw,
     )
     return out

@@ -127,6 +127,18 @@ def test_mx_dequantize_triton_matches_reference(dtype):
     assert torch.equal(a.float().nan_to_num(0.0), b.float().nan_to_num(0.0))
 
 
+def test_mx_transposed_scales_are_column_major_and_decode():
+    """The Triton cast writes the transposed layout's E8M0 scales column-major (one run per tile's columns); the
+    dequantizer reads any strides, so both decodes of that layout agree with the reference's."""
+    x = wide_input(72, 96, torch.bfloat16, seed=8)
+    cols = mx.mx_quantize(x, 0, backend="triton")
+    assert cols.scale.shape == (96, 3) and cols.scale.stride() == (1, 96)
+    want = mx.mx_dequantize(mx.mx_quantize_ref(x, 0), torch.float32, backend="ref")
+    for backend in ("ref", "triton"):
+        got = mx.mx_dequantize(cols, torch.float32, backend=backend)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+
+
 # ---- special values (OCP MX v1.0, section 6.3)
 
 

@@ -271,7 +271,7 @@ def _ceil_to(n: int, m: int) -> int:
 # how many programs share an SM; a program casts its tiles in turn, along the columns (along rows = 0) or along
 # the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer run).
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
-    (32, "row"): (8, 512, 4, 0, 8),
+    (32, "row"): (16, 512, 4, 0, 4),
     (32, "col"): (32, 128, 1, 0, 4, 1),
     (32, "both"): (32, 128, 2, 160, 8),
     (128, "row"): (8, 1024, 8),
@@ -289,9 +289,8 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
 
     Row output: q [R, Cp], scale [R, Cp/block]; column output: qt [C, Rp], scale [C, Rp/block].
-    fp32 (1x128) scales are [rows, nb] with strides (1, rows), as scaled_mm reads them. E8M0 scales are uint8,
-    row-major for the row output and column-major for the column output: a tile's scales of its TC columns are
-    then one contiguous run instead of TC single bytes a row of scales apart.
+    Scales are [rows, nb] with strides (1, rows): fp32 (1x128) as scaled_mm reads them, and uint8 E8M0 since
+    a tile's scales are then a few contiguous runs instead of single bytes a row of scales apart.
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
@@ -303,16 +302,14 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     dev = x.device
     sdt = torch.uint8 if e8m0 else torch.float32
 
-    def scale_buf(rows: int, nb: int, row_major: bool) -> torch.Tensor:
-        if row_major:
-            return torch.empty(rows, nb, dtype=sdt, device=dev)
-        return torch.empty(nb, rows, dtype=sdt, device=dev).t()
+    def scale_buf(rows: int, nb: int) -> torch.Tensor:
+        return torch.empty(nb, rows, dtype=sdt, device=dev).t()  # column-major
 
     dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy8.view(1, 1)
-    s = scale_buf(r, cp // block, e8m0) if row else torch.empty(1, 1, dtype=sdt, device=dev)
+    s = scale_buf(r, cp // block) if row else torch.empty(1, 1, dtype=sdt, device=dev)
     qt = torch.empty(c, rp, dtype=torch.uint8, device=dev) if col else dummy8.view(1, 1)
-    st = scale_buf(c, rp // block, False) if col else torch.empty(1, 1, dtype=sdt, device=dev)
+    st = scale_buf(c, rp // block) if col else torch.empty(1, 1, dtype=sdt, device=dev)
     row_tiles, n_col_tiles = triton.cdiv(rp if col else r, tr), triton.cdiv(cp if row else c, tc)
     grid = (-(-row_tiles // per_prog), n_col_tiles) if along_rows else (row_tiles, -(-n_col_tiles // per_prog))
     cs = torch.empty(row_tiles, c, dtype=torch.float32, device=dev) if col_sums else torch.empty(1, 1, device=dev)

@@ -127,15 +127,17 @@ def test_mx_dequantize_triton_matches_reference(dtype):
     assert torch.equal(a.float().nan_to_num(0.0), b.float().nan_to_num(0.0))
 
 
-def test_mx_transposed_scales_are_column_major_and_decode():
-    """The Triton cast writes the transposed layout's E8M0 scales column-major (one run per tile's columns); the
-    dequantizer reads any strides, so both decodes of that layout agree with the reference's."""
+@pytest.mark.parametrize("axis", [0, 1])
+def test_mx_triton_scales_are_column_major_and_decode(axis):
+    """The Triton cast writes E8M0 scales column-major (a few runs per tile instead of single bytes); the
+    dequantizer reads any strides, so both decodes agree with the reference's row-major scales."""
     x = wide_input(72, 96, torch.bfloat16, seed=8)
-    cols = mx.mx_quantize(x, 0, backend="triton")
-    assert cols.scale.shape == (96, 3) and cols.scale.stride() == (1, 96)
-    want = mx.mx_dequantize(mx.mx_quantize_ref(x, 0), torch.float32, backend="ref")
+    got_q = mx.mx_quantize(x, axis, backend="triton")
+    rows = 96 if axis == 0 else 72
+    assert got_q.scale.shape == (rows, 3) and got_q.scale.stride() == (1, rows)
+    want = mx.mx_dequantize(mx.mx_quantize_ref(x, axis), torch.float32, backend="ref")
     for backend in ("ref", "triton"):
-        got = mx.mx_dequantize(cols, torch.float32, backend=backend)
+        got = mx.mx_dequantize(got_q, torch.float32, backend=backend)
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
 
 

@@ -55,7 +55,8 @@ class MXTensor:
     """MXFP8 matrix: ``data`` [rows, cols_padded] e4m3, ``scale`` [rows, cols_padded // 32] uint8 (E8M0).
 
     Blocks run along dim 1 of ``data``. ``scale`` may be any strided view: the Triton cast writes it
-    column-major (strides (1, rows)), the reference row-major. ``shape`` is the logical (unpadded) shape of the matrix held.
+    column-major (strides (1, rows)), the reference row-major. ``shape`` is the logical (unpadded) shape of the
+    matrix held.
     """
 
     data: torch.Tensor

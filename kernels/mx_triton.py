@@ -232,8 +232,8 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, ssc, o_ptr, sor, R, C,
     m = (rr[:, None] < R) & (cc[None, :] < C)
     code = tl.load(q_ptr + rr[:, None] * sqr + cc[None, :], mask=m, other=0)
     bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)  # one scale per block, broadcast
-    sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :] * ssc, mask=(rr[:, None] < R) & (bc[None, :] * BLK < C),
-                 other=127).to(tl.int32)
+    sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :] * ssc,
+                 mask=(rr[:, None] < R) & (bc[None, :] * BLK < C), other=127).to(tl.int32)
     if HW_CVT:  # the GPU's e4m3 -> fp32 conversion is exact, subnormals and NaN codes included
         v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
@@ -267,9 +267,10 @@ def _ceil_to(n: int, m: int) -> int:
 # Tile shapes (rows, cols, warps[, register cap[, tiles per program[, along rows]]]) per (block, mode): best of
 # sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py,
 # 2026-12-01 and 2026-12-03; MX columns and both layouts with column sums: benchmarks/RESULTS.md, 2026-12-03).
-# Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU only; 0 = none) sets
-# how many programs share an SM; a program casts its tiles in turn, along the columns (along rows = 0) or along
-# the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer run).
+# Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU
+# only; 0 = none) sets how many programs share an SM; a program casts its tiles in turn, along the columns (along
+# rows = 0) or along the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer
+# run). A "+sums" mode, where present, is the cast that also sums x's columns (``col_sums``).
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (32, "row"): (16, 512, 4, 0, 4),
     (32, "col"): (32, 128, 1, 0, 4, 1),
@@ -294,7 +295,8 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     """
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
-    t = tuple(tiles or TILES.get((block, mode + "+sums") if col_sums else None) or TILES[(block, mode)])
+    key = (block, mode + "+sums") if col_sums and (block, mode + "+sums") in TILES else (block, mode)
+    t = tuple(tiles or TILES[key])
     tr, tc, nw, cap, per_prog, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
@@ -302,8 +304,8 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     dev = x.device
     sdt = torch.uint8 if e8m0 else torch.float32
 
-    def scale_buf(rows: int, nb: int) -> torch.Tensor:
-        return torch.empty(nb, rows, dtype=sdt, device=dev).t()  # column-major
+    def scale_buf(rows: int, nb: int) -> torch.Tensor:  # [rows, nb], column-major
+        return torch.empty(nb, rows, dtype=sdt, device=dev).t()
 
     dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy8.view(1, 1)
@@ -363,7 +365,8 @@ def mx_dequantize(data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int
     q = data.view(torch.uint8)
     tr, tc, nw = DEQUANT_TILES
     triton_launch.run(_mx_dequant_kernel, (triton.cdiv(r, tr), triton.cdiv(c, tc)),
-        q, q.stride(0), scale, scale.stride(0), scale.stride(1), out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
+        q, q.stride(0), scale, scale.stride(0), scale.stride(1),
+        out.view(torch.int16) if bf16 else out, out.stride(0), r, c,
         TR=tr, TC=tc, BLK=32, BF16=bf16, num_warps=nw,
     )
     return out

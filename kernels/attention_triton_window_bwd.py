@@ -238,7 +238,7 @@ def window_attn_bwd_dkdv_ds_kernel(
     tl.static_assert(not (KEY_ROWS and (HAS_POS or HAS_TIME)), "[keys, queries] tiles take no bias tables")
     pid = tl.program_id(0)
     if DQ_INLINE and TICKETS:
-        pid = tl.atomic_add(FLAGS, 1, sem="relaxed")
+        pid = tl.atomic_add(FLAGS, 1)
     row, h, start, L, hist_end, n0 = item_at(pid, WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return

@@ -220,7 +220,7 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
         work.shape[0], **meta,
         DELTA_INLINE=inline, SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, STATS_BY_TILE=by_tile,
         FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA, DQ_INLINE=DQ_INLINE, TICKETS=TICKETS,
-        FENCES=not INTERPRET, DQ_STAGES=dq_stages, DEPS=_deps(slots),
+        FENCES=q.is_cuda and not INTERPRET, DQ_STAGES=dq_stages, DEPS=_deps(slots),
     )
     if DQ_INLINE:
         return

@@ -351,58 +351,12 @@ def windowprofile(L: int = 4096, W: int = 256) -> list[str]:
     return rows
 
 
-def windowdq(lens: list[int], rounds: int = 5, calls: int = 20) -> list[str]:
-    """The fused window backward's dq: computed by the dk/dv programs (``DQ_INLINE``, work items from a
-    counter or in launch order) against its own kernel reading the dS scratch back, the backward op alone at
-    each L (W=256, causal softmax, no bias, B*L constant), in ``rounds`` alternating rounds of ``calls``
-    back-to-back calls per CUDA-event timing (medians), each arm's gradients against the dq kernel's."""
-    from kernels import attention_window_op as wop
-
-    H, D, tokens, W = 8, 128, 1 << 17, 256
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
-    arms = {"dq kernel": (False, True), "inline, counter": (True, True), "inline, launch order": (True, False)}
-    rows = [f"### Window backward op, dq by its kernel or inline, W={W}, B*L={tokens}, H={H}, D={D}, bf16 causal "
-            f"softmax, {calls} calls per timing, medians of {rounds} alternating rounds", "",
-            "| L | " + " | ".join(f"{a} ms" for a in arms) + " | " + " | ".join(f"{a} speed-up" for a in list(arms)[1:])
-            + " | max abs diff of dq / dk / dv against the dq kernel's |", "|---" * (2 * len(arms) + 1) + "|"]
-    saved = (wop.DQ_INLINE, wop.TICKETS)
-    try:
-        for L in lens:
-            offs = offsets_of(torch.full((tokens // L,), L, dtype=torch.int64))
-            work = wop.window_work(offs, tokens, wop.TILE)
-            args = (offs, None, None, None, None, None, "softmax", True, 1 / math.sqrt(D), W, 0, work)
-            out, lse = torch.ops.gemtrain.window_attn_fwd(q, k, v, *args)
-            def bwd(out=out, lse=lse, args=args):
-                return torch.ops.gemtrain.window_attn_bwd(do, q, k, v, out, lse, *args)
-
-            grads, times = {}, {a: [] for a in arms}
-            for a, (inline, tickets) in arms.items():
-                wop.DQ_INLINE, wop.TICKETS = inline, tickets
-                grads[a] = bwd()[:3]
-            for _ in range(rounds):
-                for a, (inline, tickets) in arms.items():
-                    wop.DQ_INLINE, wop.TICKETS = inline, tickets
-                    times[a].append(cuda_time(bwd, calls=calls))
-            print(f"L={L} rounds: {({a: [round(t, 3) for t in ts] for a, ts in times.items()})}", flush=True)
-            med = {a: statistics.median(ts) for a, ts in times.items()}
-            base = grads["dq kernel"]
-            diffs = "; ".join(" / ".join(f"{(x.float() - y.float()).abs().max().item():.1e}" for x, y in zip(grads[a], base))
-                              for a in list(arms)[1:])
-            rows.append(f"| {L} | " + " | ".join(f"{med[a]:.3f}" for a in arms) + " | "
-                        + " | ".join(f"{med['dq kernel'] / med[a]:.3f}x" for a in list(arms)[1:]) + f" | {diffs} |")
-            print(rows[-1], flush=True)
-    finally:
-        wop.DQ_INLINE, wop.TICKETS = saved
-    return rows
-
-
 # ----------------------------------------------------------------------------------------------- fp8
 
 
 def main(what: str, args: list[str]) -> list[str]:
     """``local [L ...] [calls=N] [rounds=N] [tune]``, ``blockcheck``, ``blocksweep [L]``, ``windowcheck``, ``windowtune [L] [W]``,
-    ``windowprofile [L] [W]``, ``windowdq [L ...] [rounds=N]``."""
+    ``windowprofile [L] [W]``."""
     if what == "local":  # local [L ...] [calls=N] [rounds=N] [tune]: "tune" runs windowtune first, keeps its choice
         calls = next((int(a[6:]) for a in args if a.startswith("calls=")), 1)
         rounds = next((int(a[7:]) for a in args if a.startswith("rounds=")), 1)
@@ -414,9 +368,6 @@ def main(what: str, args: list[str]) -> list[str]:
         return windowcheck()
     if what == "windowtune":
         return windowtune(*(int(a) for a in args[:2]))
-    if what == "windowdq":  # windowdq [L ...] [rounds=N]
-        rounds = next((int(a[7:]) for a in args if a.startswith("rounds=")), 5)
-        return windowdq([int(a) for a in args if a.isdigit()] or [4096, 32768], rounds)
     if what == "windowprofile":
         return windowprofile(*(int(a) for a in args[:2]))
     return blocksweep(*(int(a) for a in args[:1]))

@@ -29,14 +29,9 @@ from kernels.attention_triton_fwd import _fwd_tile
 
 @triton.jit
 def _item(WORK, OFF, NT, TILE: tl.constexpr, H: tl.constexpr, HAS_NT: tl.constexpr):
-    """(row, head, the row's first token, its length, end of its history, first position of the tile) of
-    this program; row < 0 for an unused work item."""
-    return item_at(tl.program_id(0), WORK, OFF, NT, TILE, H, HAS_NT)
-
-
-@triton.jit
-def item_at(pid, WORK, OFF, NT, TILE: tl.constexpr, H: tl.constexpr, HAS_NT: tl.constexpr):
-    """``_item`` of program number ``pid`` (work item ``pid // H``, head ``pid % H``)."""
+    """(row, head, the row's first token, its length, end of its history, first position of the tile);
+    row < 0 for an unused work item."""
+    pid = tl.program_id(0)
     item = pid // H
     h = pid % H
     row = tl.load(WORK + 2 * item)

@@ -44,7 +44,7 @@ from kernels.attention_triton_common import (
     stream_tile,
     visible,
 )
-from kernels.attention_triton_window import _item, inverse_norm, item_at, key_tile, store_key_grads, tile_rows
+from kernels.attention_triton_window import _item, inverse_norm, key_tile, store_key_grads, tile_rows
 
 
 @triton.jit
@@ -168,57 +168,9 @@ def _dkdv_ds_tile(
 
 
 @triton.jit
-def _publish(FLAGS, pid, FENCES: tl.constexpr):
-    """Raise this program's flag once every dS tile it stored is in global memory for other programs."""
-    if FENCES:  # bulk stores are waited on only until their shared memory is read; wait for the writes
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, 0;",
-                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-    tl.atomic_xchg(FLAGS + 1 + pid, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _wait_for(FLAGS, pids, ok, FENCES: tl.constexpr):
-    """Wait until the programs ``pids`` (where ``ok``) have published; their stores are then visible here,
-    bulk tensor loads included."""
-    ready = tl.full([], 0, tl.int32)
-    while ready == 0:
-        flags = tl.atomic_add(FLAGS + 1 + pids, 0, mask=ok, sem="acquire", scope="gpu")
-        ready = tl.min(tl.where(ok, flags, 1), 0)
-    if FENCES:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tfence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _finish_dq(K, KD, DS, DSD, DQ, FLAGS, pid, item_j, j, h, start, L, scale, n_items, H: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-               TILE: tl.constexpr, STAGES: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
-               DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr, FENCES: tl.constexpr, DEPS: tl.constexpr):
-    """``DQ_INLINE``: the dq tiles whose last dS this program (key tile ``j``, work item ``item_j``) wrote.
-    Programs run in work-list order, a row's last tile first, so of the key tiles ``i - behind .. i + SLOT0``
-    query tile ``i`` pairs with, ``i - behind`` is the last to run: its program finishes query tile ``i`` (key
-    tile 0's program the row's first ``behind + 1`` query tiles) after waiting for the other key tiles'
-    programs, which started before it."""
-    _publish(FLAGS, pid, FENCES)
-    behind: tl.constexpr = SLOTS - 1 - SLOT0
-    n_tiles = tl.cdiv(L, TILE)
-    first = tl.where(j == 0, 0, j + behind)
-    end = tl.minimum(j + behind + 1, n_tiles)
-    if first < end:
-        later = 1 + tl.arange(0, DEPS)  # key tiles j + later, work items item_j - later
-        _wait_for(FLAGS, (item_j - later) * H + h, j + later <= tl.minimum(end - 1 + SLOT0, n_tiles - 1), FENCES)
-        for i in range(first, end):
-            _dq_from_ds(K, KD, DS, DSD, DQ, start, L, i, item_j + j - i, h, tl.maximum(i - behind, 0),
-                        tl.minimum(i + SLOT0 + 1, n_tiles), scale, n_items, H, HEAD_DIM, BLOCK_D, PREC, USE_TMA,
-                        TILE, STAGES, SLOTS, SLOT0, DS_TMA, KEY_ROWS)
-
-
-@triton.jit
 def window_attn_bwd_dkdv_ds_kernel(
-    Q, K, V, OUT, DO, QD, DOD, OD, KD, LSE, DELTA, STD, DS, DSD, DK, DV, DQ, FLAGS, OFF, NT, WORK, POSW, TIMEW,
-    DPOSW, DTIMEW, QTS, KTS, scale, norm_const, window, n_items,
+    Q, K, V, OUT, DO, QD, DOD, OD, LSE, DELTA, STD, DS, DSD, DK, DV, OFF, NT, WORK, POSW, TIMEW, DPOSW, DTIMEW, QTS,
+    KTS, scale, norm_const, window, n_items,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACT: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_NT: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
@@ -226,20 +178,12 @@ def window_attn_bwd_dkdv_ds_kernel(
     TIME_PAD: tl.constexpr, DELTA_INLINE: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
     DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr, STATS_BY_TILE: tl.constexpr = False,
     FOLD_STATS: tl.constexpr = False,
-    STATS_TMA: tl.constexpr = False, DQ_INLINE: tl.constexpr = False, TICKETS: tl.constexpr = True,
-    FENCES: tl.constexpr = False, DQ_STAGES: tl.constexpr = 1, DEPS: tl.constexpr = 1,
+    STATS_TMA: tl.constexpr = False,
 ):
     """dk, dv of one key tile and the dS of every pair it takes part in (see the module docstring).
-    ``KEY_ROWS`` (set by ``attention_window_op`` without bias tables): [keys, queries] tiles, stored so.
-    ``DQ_INLINE``: the program then also computes the dq tiles it wrote the last dS of (``_finish_dq``);
-    ``FLAGS`` holds a counter (programs take their work item from it with ``TICKETS``, so a program only waits
-    for programs that have started) and one flag per program. ``FENCES``: the GPU's memory fences (off under
-    the interpreter)."""
+    ``KEY_ROWS`` (set by ``attention_window_op`` without bias tables): [keys, queries] tiles, stored so."""
     tl.static_assert(not (KEY_ROWS and (HAS_POS or HAS_TIME)), "[keys, queries] tiles take no bias tables")
-    pid = tl.program_id(0)
-    if DQ_INLINE and TICKETS:
-        pid = tl.atomic_add(FLAGS, 1)
-    row, h, start, L, hist_end, n0 = item_at(pid, WORK, OFF, NT, BLOCK_N, H, HAS_NT)
+    row, h, start, L, hist_end, n0 = _item(WORK, OFF, NT, BLOCK_N, H, HAS_NT)
     if row < 0:
         return
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -253,7 +197,7 @@ def window_attn_bwd_dkdv_ds_kernel(
         lo = (tl.maximum(n0 - window, 0) // BLOCK_M) * BLOCK_M
     hi = tl.minimum(k_last + window + 1, L)
     j = n0 // BLOCK_N
-    item_j = pid // H  # a row's tiles are consecutive work items, its last tile first
+    item_j = tl.program_id(0) // H  # a row's tiles are consecutive work items, its last tile first
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dpos = tl.zeros([POS_PAD], dtype=tl.float32)
@@ -269,39 +213,6 @@ def window_attn_bwd_dkdv_ds_kernel(
             STATS_BY_TILE, FOLD_STATS, STATS_TMA)
     store_key_grads(DK, DV, DPOSW, DTIMEW, rows, n_ok, d_ok, dk, dv, dpos, dtime, scale, h, H, HAS_POS, NUM_POS,
                     POS_PAD, HAS_TIME, NUM_TIME, TIME_PAD)
-    if DQ_INLINE:
-        _finish_dq(K, KD, DS, DSD, DQ, FLAGS, pid, item_j, j, h, start, L, scale, n_items, H, HEAD_DIM, BLOCK_D,
-                   PREC, USE_TMA, BLOCK_N, DQ_STAGES, SLOTS, SLOT0, DS_TMA, KEY_ROWS, FENCES, DEPS)
-
-
-@triton.jit
-def _dq_from_ds(K, KD, DS, DSD, DQ, start, L, i, item, h, t_lo, t_hi, scale, n_items, H: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-                TILE: tl.constexpr, STAGES: tl.constexpr, SLOTS: tl.constexpr, SLOT0: tl.constexpr,
-                DS_TMA: tl.constexpr, KEY_ROWS: tl.constexpr):
-    """dq of query tile ``i`` (work item ``item``) of a row: the sum over key tiles ``t_lo .. t_hi`` of its
-    dS tiles (from the scratch) times K, stored. ``KEY_ROWS``: the scratch holds the tiles transposed."""
-    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    dq = tl.zeros([TILE, BLOCK_D], dtype=tl.float32)
-    for t in tl.range(t_lo, t_hi, num_stages=STAGES):
-        row0 = _ds_row0(h, i - t + SLOT0, item, n_items, SLOTS, TILE)
-        if DS_TMA:
-            ds = DSD.load([row0.to(tl.int32), 0])
-        else:
-            ds = tl.load(_ds_tile_ptrs(DS, row0, TILE))
-        if KEY_ROWS:
-            ds = tl.trans(ds)
-        offs_n = t * TILE + tl.arange(0, TILE)
-        k_rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
-        # dS is zero at keys past the row (TMA tiles read the next row's there, finite)
-        k = stream_tile(KD, K + k_rows, start + t * TILE, h * HEAD_DIM, offs_n < L, d_ok, True, EVEN_D, USE_TMA)
-        dq += tl.dot(ds, k, input_precision=PREC)
-    # the store's offsets are computed here rather than kept live through the loop (fewer registers there)
-    offs_m = i * TILE + tl.arange(0, TILE)
-    tl.store(DQ + (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=(offs_m < L)[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -316,8 +227,29 @@ def window_attn_bwd_dq_ds_kernel(
     row, h, start, L, _, m0 = _item(WORK, OFF, OFF, BLOCK_M, H, False)
     if row < 0:
         return
+    offs_m, offs_d, m_ok, d_ok, _ = tile_rows(start, L, m0, h, H, HEAD_DIM, BLOCK_D, BLOCK_M)
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    last = tl.minimum(m0 + BLOCK_M, L) - 1
+    lo = (tl.maximum(m0 - window, 0) // BLOCK_M) * BLOCK_M  # the key tiles the fused kernel paired with
+    hi = last + 1
+    if not CAUSAL:
+        hi = tl.minimum(L, last + window + 1)
     i = m0 // BLOCK_M
-    # key tiles i - behind .. i + SLOT0 (slots 0 .. SLOTS - 1), within the row
-    _dq_from_ds(K, KD, DS, DSD, DQ, start, L, i, tl.program_id(0) // H, h, tl.maximum(i - (SLOTS - 1 - SLOT0), 0),
-                tl.minimum(i + SLOT0 + 1, tl.cdiv(L, BLOCK_M)), scale, n_items, H, HEAD_DIM, BLOCK_D, PREC,
-                USE_TMA, BLOCK_M, STAGES, SLOTS, SLOT0, DS_TMA, KEY_ROWS)
+    item = tl.program_id(0) // H
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
+        row0 = _ds_row0(h, i - start_n // BLOCK_M + SLOT0, item, n_items, SLOTS, BLOCK_M)
+        if DS_TMA:
+            ds = DSD.load([row0.to(tl.int32), 0])
+        else:
+            ds = tl.load(_ds_tile_ptrs(DS, row0, BLOCK_M))
+        if KEY_ROWS:
+            ds = tl.trans(ds)
+        offs_n = start_n + tl.arange(0, BLOCK_M)
+        k_rows = (start + offs_n)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        # dS is zero at keys past the row (TMA tiles read the next row's there, finite)
+        k = stream_tile(KD, K + k_rows, start + start_n, h * HEAD_DIM, offs_n < L, d_ok, True, EVEN_D, USE_TMA)
+        dq += tl.dot(ds, k, input_precision=PREC)
+    # the store's offsets are recomputed here rather than kept live through the loop (fewer registers there)
+    tl.store(DQ + (start + offs_m)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

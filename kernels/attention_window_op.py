@@ -84,11 +84,6 @@ STATS_BY_TILE = True
 FOLD_STATS = True
 # ... and reach it through a tensor descriptor where the other tiles do (no per-value addresses in registers).
 STATS_TMA = True
-# The fused kernel's programs also compute dq, each the query tiles it wrote the last dS of, after waiting for the
-# programs that wrote the others (flags; their dS is still in L2), instead of a dq kernel reading the scratch back.
-DQ_INLINE = True
-# ... taking their work items from a counter in launch order, so a program only waits for programs that started.
-TICKETS = True
 INTERPRET_TILE = 16  # the interpreter's tests cover windows shorter and longer than a tile
 WINDOW_CAP = 1 << 30  # longer windows see the same keys (rows are shorter); keeps the kernels' int32 exact
 
@@ -106,11 +101,6 @@ def supports(q: Tensor, k: Tensor, q_offsets: Tensor, kv_offsets: Tensor, block_
             and (q.element_size() <= 2 or not q.is_cuda)
             and q.shape[0] == k.shape[0] and q_offsets.data_ptr() == kv_offsets.data_ptr()
             and q_offsets.numel() == kv_offsets.numel())
-
-
-def _deps(slots: int) -> int:
-    """A power of two >= the key tiles a query tile pairs with besides one (the fused kernel's waits)."""
-    return 1 << max(slots - 2, 0).bit_length()
 
 
 def tile_of(q: Tensor) -> int:
@@ -211,22 +201,16 @@ def _fused_backward(do, q, k, v, out, lse, offsets, dq, dk, dv, activation, caus
     del meta["ONE_LOOP"]
     # Without bias tables the fused kernel computes (and stores) [keys, queries] tiles, which its dq kernel reads.
     rows_of_keys = pos_weight is None and time_weight is None
-    cfg = CONFIG["dsq"]
-    dq_stages = 1 if INTERPRET else cfg[2]
-    flags = torch.zeros(1 + grid[0], dtype=torch.int32, device=q.device) if DQ_INLINE else lse
     triton_launch.run(window_attn_bwd_dkdv_ds_kernel, grid,
-        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), _desc(k, tile, tma),
-        lse, delta, stats, ds, ds_desc, dk, dv, dq, flags, offsets, *common_args, *table_grads, *times, *scalars,
-        work.shape[0], **meta,
+        q, k, v, out, do, _desc(q, tile, tma), _desc(do, tile, tma), _desc(out, tile, tma), lse, delta, stats, ds,
+        ds_desc, dk, dv, offsets, *common_args, *table_grads, *times, *scalars, work.shape[0], **meta,
         DELTA_INLINE=inline, SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, STATS_BY_TILE=by_tile,
-        FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA, DQ_INLINE=DQ_INLINE, TICKETS=TICKETS,
-        FENCES=q.is_cuda and not INTERPRET, DQ_STAGES=dq_stages, DEPS=_deps(slots),
+        FOLD_STATS=FOLD_STATS, STATS_TMA=by_tile and tma and STATS_TMA,
     )
-    if DQ_INLINE:
-        return
+    cfg = CONFIG["dsq"]
     triton_launch.run(window_attn_bwd_dq_ds_kernel, grid,
         k, _desc(k, tile, tma), ds, ds_desc, dq, offsets, work, scalars[0], scalars[2], work.shape[0], **dims,
-        CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=dq_stages,
+        CAUSAL=causal, PREC=meta["PREC"], USE_TMA=tma, BLOCK_M=tile, STAGES=1 if INTERPRET else cfg[2],
         SLOTS=slots, SLOT0=slot0, DS_TMA=ds_tma, KEY_ROWS=rows_of_keys, num_warps=cfg[1],
     )
 

@@ -189,22 +189,6 @@ def test_dispatch_takes_the_fused_backward(monkeypatch, act, causal):
     assert_accurate(p, torch.float32, activation=act, causal=causal, window=20)
 
 
-@pytest.mark.parametrize("inline,tickets", [(True, True), (True, False), (False, True)])
-@pytest.mark.parametrize("act,causal,window", [("softmax", True, 36), ("silu", False, 20), ("softmax", True, 3)])
-def test_fused_backward_dq_inline_or_by_its_kernel(monkeypatch, inline, tickets, act, causal, window):
-    # dq computed by the fused kernel's programs (each finishing the query tiles it wrote the last dS of, work
-    # items from a counter or in launch order) or by its own kernel from the scratch: the same gradients.
-    from kernels import attention_window_op as wop
-
-    assert wop.DQ_INLINE and wop.TICKETS
-    monkeypatch.setattr(wop, "DQ_INLINE", inline)
-    monkeypatch.setattr(wop, "TICKETS", tickets)
-    if inline:
-        _forbid(monkeypatch, wop, "window_attn_bwd_dq_ds_kernel", "window_attn_bwd_dq_kernel")
-    p = _self_problem(seed=67, heads=2, bias=act == "silu", targets=causal)  # both tile layouts
-    assert_accurate(p, torch.float32, activation=act, causal=causal, window=window)
-
-
 @pytest.mark.parametrize("backward,window", [("two", 20), ("fused", 200)])
 def test_two_kernel_backward(monkeypatch, backward, window):
     # The two-kernel backward, switched on or for a window too long for the fused one's scratch, is the

@@ -80,9 +80,9 @@ def _scaled_codes(x, inv_bits, bad):
         # The cvt saturates finite values to +-448 and turns NaN into 0x7F, so no clamp and no per-element
         # select: a bad block's scale is NaN, and so is every product with it.
         s = tl.where(bad, float("nan"), inv_bits.to(tl.float32, bitcast=True))
-        return (x * s).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        return (x.to(tl.float32) * s).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
-        y = tl.minimum(tl.maximum(x * inv_bits.to(tl.float32, bitcast=True), -448.0), 448.0)
+        y = tl.minimum(tl.maximum(x.to(tl.float32) * inv_bits.to(tl.float32, bitcast=True), -448.0), 448.0)
         return tl.where(bad, 0x7F, _encode_e4m3_int(y)).to(tl.uint8)
 
 
@@ -106,10 +106,20 @@ def _scale_from_amax(amax_bits, E8M0: tl.constexpr):
 
 
 @triton.jit
+def _amax_bits(x, axis: tl.constexpr):
+    """fp32 bits of max |x| along ``axis`` (integer max: NaN > Inf > finite), for fp32 or bf16 ``x``: a bf16
+    tile is reduced on its own 16 bits (the fp32 value's upper half), so it stays half the registers."""
+    if x.dtype == tl.bfloat16:
+        return (tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=axis).to(tl.int32)) << 16
+    else:
+        return tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=axis)
+
+
+@triton.jit
 def _quant_rows(x, A: tl.constexpr, W: tl.constexpr, BLK: tl.constexpr, E8M0: tl.constexpr):
-    """Quantize a [A, W] fp32 tile in blocks of BLK along dim 1 -> (codes [A, W], scales [A, W//BLK])."""
+    """Quantize a [A, W] fp32 or bf16 tile in blocks of BLK along dim 1 -> (codes [A, W], scales [A, W//BLK])."""
     xb = tl.reshape(x, (A * (W // BLK), BLK))
-    amax = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)  # integer max: NaN > Inf > finite
+    amax = _amax_bits(xb, 1)
     inv, stored, bad = _scale_from_amax(amax, E8M0)
     code = _scaled_codes(xb, inv[:, None], bad[:, None])
     return tl.reshape(code, (A, W)), tl.reshape(stored, (A, W // BLK))
@@ -155,9 +165,11 @@ def _quant_tile(
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     inb = (rr[:, None] < R) & (cc[None, :] < C)
-    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0)
+    if x.dtype != tl.bfloat16:  # bf16 stays 16-bit until each product with its scale (exact either way)
+        x = x.to(tl.float32)
     if COLSUM:  # per-tile column sums (the bias gradient when x is dY), reduced on the host side
-        tl.store(cs_ptr + pid_r * scs + cc, tl.sum(x, axis=0), mask=cc < C)
+        tl.store(cs_ptr + pid_r * scs + cc, tl.sum(x.to(tl.float32), axis=0), mask=cc < C)
     if ROW:  # blocks along C; output [R, CP]
         code, sc = _quant_rows(x, TR, TC, BLK, E8M0)
         m = (rr[:, None] < R) & (cc[None, :] < CP)
@@ -173,7 +185,7 @@ def _quant_tile(
         m = (cc[:, None] < C) & (rr[None, :] < RP)
         if TR == BLK:
             # one block of rows per tile: reduce over axis 0 in place and transpose only the 1-byte codes
-            amax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0)
+            amax = _amax_bits(x, 0)
             inv, stored, bad = _scale_from_amax(amax, E8M0)
             code = _scaled_codes(x, inv[None, :], bad[None, :])
             tl.store(qt_ptr + cc[:, None] * sqtr + rr[None, :], tl.trans(code), mask=m)
@@ -274,7 +286,7 @@ def _ceil_to(n: int, m: int) -> int:
 TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (32, "row"): (16, 512, 4, 0, 4),
     (32, "col"): (32, 128, 1, 0, 4, 1),
-    (32, "both"): (32, 128, 2, 160, 8),
+    (32, "both"): (32, 128, 2),
     (128, "row"): (8, 1024, 8),
     (128, "col"): (128, 64, 4),
     (128, "both"): (128, 128, 8, 128),

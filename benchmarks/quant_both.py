@@ -8,7 +8,7 @@ cast and the columns cast apart (two reads, each with its shipped tiles), as ``k
 does. Each configuration is checked bit for bit against the PyTorch reference (``kernels.mx``'s
 ``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
 then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written, against a
-device copy of x in the same run. A tile is (rows, cols, warps[, register cap (0: none)[, tiles per
+device copy of x in the same run (with column sums, the dY cast, their few bytes are not counted). A tile is (rows, cols, warps[, register cap (0: none)[, tiles per
 program[, along rows]]]), as in ``kernels.mx_triton.TILES``.
 """
 
@@ -59,7 +59,21 @@ def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
              for t in [shipped] + [t for t in TILES[block] if t != shipped]]
     calls.append(("two launches", lambda: (mx_triton.quantize(x, block, e8m0, True, False)[0],
                                            mx_triton.quantize(x, block, e8m0, False, True)[1])))
+    sums = mx_triton.TILES[(block, "both+sums")]
+    for f32 in (False, True):  # the dY cast: column sums from the same read, its tile kept 16-bit or widened
+        calls.append((f"+ column sums {sums}, {'fp32' if f32 else '16-bit'} tile",
+                      lambda f32=f32: _with_sums(x, block, e8m0, f32)))
     return calls
+
+
+def _with_sums(x: torch.Tensor, block: int, e8m0: bool, f32: bool):
+    key, saved = (block, "both+sums"), set(mx_triton.F32_TILES)
+    mx_triton.F32_TILES.add(key) if f32 else mx_triton.F32_TILES.discard(key)
+    try:
+        return mx_triton.quantize(x, block, e8m0, True, True, col_sums=True)[:2]
+    finally:
+        mx_triton.F32_TILES.clear()
+        mx_triton.F32_TILES.update(saved)
 
 
 def main(argv: list[str]) -> None:

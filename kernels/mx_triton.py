@@ -132,12 +132,12 @@ def _quant_kernel(
     qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
-    TILES_PER_PROG: tl.constexpr, ALONG_ROWS: tl.constexpr,
+    TILES_PER_PROG: tl.constexpr, ALONG_ROWS: tl.constexpr, F32: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     if TILES_PER_PROG == 1:
         _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc, RP,
-                    cs_ptr, scs, pid_r, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM)
+                    cs_ptr, scs, pid_r, tl.program_id(1), TR, TC, BLK, ROW, COL, E8M0, COLSUM, F32)
     else:
         # Several tiles per program, cast in turn (pipelining their loads measured no faster): consecutive row
         # tiles (each column's transposed codes in one longer run; MX columns: 0.300 -> 0.280 ms on 65536x4096
@@ -151,7 +151,7 @@ def _quant_kernel(
                 pc = tl.program_id(1) * TILES_PER_PROG + t
             if (pr * TR < (RP if COL else R)) & (pc * TC < (CP if ROW else C)):
                 _quant_tile(x_ptr, R, C, sxr, sxc, q_ptr, sqr, s_ptr, ssr, ssc, CP, qt_ptr, sqtr, st_ptr, sstr, sstc,
-                            RP, cs_ptr, scs, pr, pc, TR, TC, BLK, ROW, COL, E8M0, COLSUM)
+                            RP, cs_ptr, scs, pr, pc, TR, TC, BLK, ROW, COL, E8M0, COLSUM, F32)
 
 
 @triton.jit
@@ -160,13 +160,13 @@ def _quant_tile(
     q_ptr, sqr, s_ptr, ssr, ssc, CP,
     qt_ptr, sqtr, st_ptr, sstr, sstc, RP, cs_ptr, scs, pid_r, pid_c,
     TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr,
-    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, E8M0: tl.constexpr, COLSUM: tl.constexpr, F32: tl.constexpr,
 ):
     rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
     cc = (pid_c * TC + tl.arange(0, TC)).to(tl.int64)
     inb = (rr[:, None] < R) & (cc[None, :] < C)
     x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=inb, other=0.0)
-    if x.dtype != tl.bfloat16:  # bf16 stays 16-bit until each product with its scale (exact either way)
+    if F32 or x.dtype != tl.bfloat16:  # bf16 may stay 16-bit until each product with its scale (exact either way)
         x = x.to(tl.float32)
     if COLSUM:  # per-tile column sums (the bias gradient when x is dY), reduced on the host side
         tl.store(cs_ptr + pid_r * scs + cc, tl.sum(x.to(tl.float32), axis=0), mask=cc < C)
@@ -277,7 +277,7 @@ def _ceil_to(n: int, m: int) -> int:
 
 
 # Tile shapes (rows, cols, warps[, register cap[, tiles per program[, along rows]]]) per (block, mode): best of
-# sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29; both layouts: benchmarks/quant_both.py,
+# sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29 and 2026-12-03; both layouts: benchmarks/quant_both.py,
 # 2026-12-01 and 2026-12-03; MX columns and both layouts with column sums: benchmarks/RESULTS.md, 2026-12-03).
 # Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU
 # only; 0 = none) sets how many programs share an SM; a program casts its tiles in turn, along the columns (along
@@ -291,9 +291,16 @@ TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (128, "col"): (128, 64, 4),
     (128, "both"): (128, 128, 8, 128),
     # both layouts plus column sums (dY: the bias gradient from the same read) take fewer registers per program
-    (32, "both+sums"): (32, 128, 1, 0, 8),
+    (32, "both+sums"): (32, 128, 1),
     (128, "both+sums"): (128, 128, 4),
 }
+
+
+# Casts whose bf16 tiles are widened to fp32 on load; the others keep them 16-bit (half the registers, the same
+# codes). On an H200 (65536x4096, benchmarks/quant_both.py) the casts with column sums, whose sums are fp32 anyway,
+# ran faster widened: MX 0.336 ms against 0.374 16-bit, 1x128 0.480 against 0.501; MX both layouts without sums
+# 0.316 ms 16-bit against 0.328 widened.
+F32_TILES: set[tuple[int, str]] = {(32, "both+sums"), (128, "both+sums")}
 
 
 def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
@@ -332,7 +339,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
         TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, TILES_PER_PROG=per_prog,
-        ALONG_ROWS=bool(along_rows), num_warps=nw,
+        ALONG_ROWS=bool(along_rows), F32=key in F32_TILES, num_warps=nw,
         **({"maxnreg": cap} if cap and x.is_cuda else {}),
     )
     f8 = torch.float8_e4m3fn

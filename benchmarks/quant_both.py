@@ -7,9 +7,9 @@ along the columns, and the transposed layout blocked along the rows) from one re
 cast and the columns cast apart (two reads, each with its shipped tiles), as ``kernels.mx.quantize_1x128_both``
 does. Each configuration is checked bit for bit against the PyTorch reference (``kernels.mx``'s
 ``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
-then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written, against a
-device copy of x in the same run (with column sums, the dY cast, their few bytes are not counted). A tile is (rows, cols, warps[, register cap (0: none)[, tiles per
-program[, along rows]]]), as in ``kernels.mx_triton.TILES``.
+then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written (not the
+column sums of the dY cast's rows), against a device copy of x in the same run. A tile is (rows, cols, warps[,
+register cap (0: none)[, tiles per program[, along rows]]]), as in ``kernels.mx_triton.TILES``.
 """
 
 from __future__ import annotations
@@ -67,13 +67,11 @@ def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
 
 
 def _with_sums(x: torch.Tensor, block: int, e8m0: bool, f32: bool):
-    key, saved = (block, "both+sums"), set(mx_triton.F32_TILES)
-    mx_triton.F32_TILES.add(key) if f32 else mx_triton.F32_TILES.discard(key)
+    saved, mx_triton.WIDEN_WITH_SUMS = mx_triton.WIDEN_WITH_SUMS, f32
     try:
         return mx_triton.quantize(x, block, e8m0, True, True, col_sums=True)[:2]
     finally:
-        mx_triton.F32_TILES.clear()
-        mx_triton.F32_TILES.update(saved)
+        mx_triton.WIDEN_WITH_SUMS = saved
 
 
 def main(argv: list[str]) -> None:

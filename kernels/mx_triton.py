@@ -296,11 +296,11 @@ TILES: dict[tuple[int, str], tuple[int, ...]] = {
 }
 
 
-# Casts whose bf16 tiles are widened to fp32 on load; the others keep them 16-bit (half the registers, the same
-# codes). On an H200 (65536x4096, benchmarks/quant_both.py) the casts with column sums, whose sums are fp32 anyway,
-# ran faster widened: MX 0.336 ms against 0.374 16-bit, 1x128 0.480 against 0.501; MX both layouts without sums
-# 0.316 ms 16-bit against 0.328 widened.
-F32_TILES: set[tuple[int, str]] = {(32, "both+sums"), (128, "both+sums")}
+# bf16 tiles stay 16-bit in the casts (half the registers, the same codes), except in the casts with column sums,
+# whose sums are fp32 anyway: on an H200 (65536x4096, benchmarks/quant_both.py) those ran faster widened on load
+# (MX 0.336 ms against 0.374 16-bit, 1x128 0.480 against 0.501), MX both layouts without sums 0.316 ms 16-bit
+# against 0.328 widened.
+WIDEN_WITH_SUMS = True
 
 
 def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
@@ -339,7 +339,7 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
         q, q.stride(0), s, s.stride(0), s.stride(1), cp,
         qt, qt.stride(0), st, st.stride(0), st.stride(1), rp, cs, cs.stride(0),
         TR=tr, TC=tc, BLK=block, ROW=row, COL=col, E8M0=e8m0, COLSUM=col_sums, TILES_PER_PROG=per_prog,
-        ALONG_ROWS=bool(along_rows), F32=key in F32_TILES, num_warps=nw,
+        ALONG_ROWS=bool(along_rows), F32=col_sums and WIDEN_WITH_SUMS, num_warps=nw,
         **({"maxnreg": cap} if cap and x.is_cuda else {}),
     )
     f8 = torch.float8_e4m3fn

@@ -106,19 +106,18 @@ def test_every_tile_path_matches_reference(block, tiles):
 
 
 @pytest.mark.parametrize("block", [32, 128])
-@pytest.mark.parametrize("sums", [False, True])
-def test_bf16_tiles_kept_16_bit_or_widened_give_the_same_casts(monkeypatch, block, sums):
-    """bf16 tiles stay 16-bit through the amax unless their cast is in ``F32_TILES``: either way the codes,
-    scales and column sums are the same (NaN, Inf and -Inf blocks included)."""
+def test_bf16_tiles_kept_16_bit_or_widened_give_the_same_casts(monkeypatch, block):
+    """bf16 tiles stay 16-bit through the amax, or are widened on load (the casts with column sums,
+    ``WIDEN_WITH_SUMS``): either way the codes, scales and column sums are the same (NaN, Inf and -Inf blocks
+    included)."""
     from kernels import mx_triton
 
     x = wide_input(200, 136, torch.bfloat16, seed=11)
-    key = (block, "both+sums" if sums else "both")
     outs = []
     for widened in (False, True):
-        monkeypatch.setattr(mx_triton, "F32_TILES", {key} if widened else set())
-        got = mx_triton.quantize(x, block, block == 32, True, True, tiles=(block, 128, 4), col_sums=sums)
-        outs.append([bits(t) for t in (got[0][0], got[0][1], got[1][0], got[1][1])] + list(got[2:]))
+        monkeypatch.setattr(mx_triton, "WIDEN_WITH_SUMS", widened)
+        got = mx_triton.quantize(x, block, block == 32, True, True, tiles=(block, 128, 4), col_sums=True)
+        outs.append([bits(t) for t in (got[0][0], got[0][1], got[1][0], got[1][1])] + [got[2]])
     for a, b in zip(*outs):
         assert torch.equal(a.nan_to_num(0.0, 0.0, 0.0), b.nan_to_num(0.0, 0.0, 0.0))
 

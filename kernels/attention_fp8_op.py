@@ -202,11 +202,16 @@ def fp8_fwd_quantized(
     q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor | None, pos_weight: Tensor | None,
     time_weight: Tensor | None, q_timestamps: Tensor | None, kv_timestamps: Tensor | None,
     activation: str, causal: bool, scale: float, block_size: int, window: int, norm: int, len_key: int,
-    q_len_hint: int, quant_block: int, work: Tensor | None = None,
+    q_len_hint: int, quant_block: int, work: Tensor | None = None, v_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 forward kernel on already-quantized inputs (``q``/``k``: shapes and output dtype only).
     ``vt``: the transposed V codes (read instead of ``vq.data`` when given). ``work``: the list of query tiles
-    (``attention_op.work_list`` at the plan's query tile), built here when not given."""
+    (``attention_op.work_list`` at the plan's query tile), built here when not given. ``v_bias`` (softmax only,
+    ``[H, D]``): a bias of V left out of its codes, added to every output row that sees a key (the softmax
+    weights of a row sum to one); ``kernels.qkv_fp8`` makes V's codes without it."""
+    if v_bias is not None and activation != "softmax":
+        raise ValueError(f"fp8_fwd_quantized: v_bias needs softmax attention (its rows sum to one), got "
+                         f"activation={activation!r}: put V's bias into its codes instead")
     v_t = None if vt is None else vt.data
     out, lse = _unset(q), _unset(q, q.shape[:2], torch.float32)
     plan = _plan(q, k, len_key, block_size, q_len_hint)
@@ -226,9 +231,11 @@ def fp8_fwd_quantized(
         qq.scale, kq.scale, vq.scale, qq.block_offsets,
         kq.block_offsets, out, lse, q_offsets, kv_offsets, _ptr(num_targets, q_offsets), work,
         _ptr(pos_weight, lse), _ptr(time_weight, lse), _ptr(q_timestamps, q_offsets),
-        _ptr(kv_timestamps, kv_offsets), kv_offsets if vt is None else vt.offsets, scale, float(max(norm, 1)),
+        _ptr(kv_timestamps, kv_offsets), kv_offsets if vt is None else vt.offsets,
+        lse if v_bias is None else v_bias.contiguous(), scale, float(max(norm, 1)),
         max(window, 0), len_key, 0 if v_t is None else v_t.stride(0),
-    ), dict(QUANT_BLOCK=quant_block, V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"], **meta),
+    ), dict(QUANT_BLOCK=quant_block, V_TRANSPOSED=v_t is not None, BLOCK_M=plan["tile_q"],
+            HAS_VBIAS=v_bias is not None, **meta),
         _launch_key(len_key, q, q_offsets, q_timestamps))
     return out, lse
 

@@ -206,14 +206,14 @@ def _fp8_tile(
 @triton.heuristics(TABLE_PADS)
 @triton.jit
 def jagged_attn_fp8_fwd_kernel(
-    Q, K, V, QD, KD, VD, SQ, SK, SV, QBO, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS, VTO,
+    Q, K, V, QD, KD, VD, SQ, SK, SV, QBO, KBO, OUT, LSE, QO, KO, NT, WORK, POSW, TIMEW, QTS, KTS, VTO, VB,
     scale, norm_const, window, LEN_KEY, stride_vt,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ACT: tl.constexpr, CAUSAL: tl.constexpr, HAS_NT: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_POS: tl.constexpr, NUM_POS: tl.constexpr, HAS_TIME: tl.constexpr,
     NUM_TIME: tl.constexpr, NORM_ROW: tl.constexpr, QUANT_BLOCK: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PAD: tl.constexpr,
-    TIME_PAD: tl.constexpr,
+    TIME_PAD: tl.constexpr, HAS_VBIAS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     item = pid // H
@@ -286,6 +286,9 @@ def jagged_attn_fp8_fwd_kernel(
     if ACT == 0:
         has = l_i > 0.0
         out = acc * (sv_acc / tl.where(has, l_i, 1.0))[:, None]
+        if HAS_VBIAS:  # V's bias, added after the products: each softmax row sums to one, P (V + b) = P V + b
+            vb = tl.load(VB + h * HEAD_DIM + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+            out = tl.where(has[:, None], out + vb[None, :], out)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)) - LOG2_P_SCALE, float("inf"))
         tl.store(LSE + (q_start + offs_m) * H + h, lse, mask=m_ok)
     else:

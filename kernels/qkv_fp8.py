@@ -1,0 +1,133 @@
+"""The QKV projection in FP8 whose outputs are the FP8 attention's operands: no quantize pass between them.
+
+``qkv_codes(x, weights, bias, offsets, heads, scales)`` runs ``x [ΣL, d] -> q, k, v`` (``nn.Linear(d, 3d)``'s
+three row blocks) as three ``torch._scaled_mm`` GEMMs on x's tensorwise e4m3 codes, each writing e4m3 codes
+straight away, with one power-of-two scale per tensor (``scales``: q's, k's and v's, known before the GEMMs,
+as delayed scaling carries them from earlier steps; values beyond them saturate):
+
+* q and k: ``[ΣL, H, D]`` codes (``Fp8Jagged``) with their bias;
+* V: transposed (``TransposedCodes``: features along the rows, tokens along the columns, each jagged row
+  starting at a multiple of 16 columns), the layout the FP8 kernel reads V in, from a GEMM of the weight
+  by x's codes placed at those columns. V's bias stays out of its codes (a GEMM's bias runs along its output
+  columns, here tokens) and is returned for the kernel to add to its output (``fp8_fwd_quantized(v_bias=)``):
+  softmax rows sum to one, so ``P (V + b) = P V + b``.
+
+The scale blocks of the returned ``Fp8Jagged`` (the kernel reads one scale per 128-token block and head) all
+hold their tensor's scale. The output scale goes into the GEMM's input scale (both powers of two, so exact),
+and the bias is divided by it, because ``_scaled_mm`` ignored ``scale_result`` with e4m3 output on an H200
+(torch 2.11; benchmarks/RESULTS.md). Runs wherever ``torch._scaled_mm`` does (CUDA sm_89+, and PyTorch's CPU
+path, which the tests use). On an H200 (batch A, benchmarks/qkv_fp8.py) the attention forward on these codes ran
+1.30-1.35x our bf16 forward, and projection plus attention 1.23-1.26x the bf16 pair (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import mx
+from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK, Fp8Jagged
+from kernels.attention_fp8_op import TransposedCodes, quant_plan
+
+Tensor = torch.Tensor
+F8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+
+
+@dataclass
+class QKVCodes:
+    """The FP8 attention's operands from ``qkv_codes``: q, k as ``Fp8Jagged`` codes, V as ``TransposedCodes``
+    (``v`` holds V's scales, its ``data`` is the transposed codes too), and V's bias (``[H, D]``, or None)."""
+
+    q: Fp8Jagged
+    k: Fp8Jagged
+    v: Fp8Jagged
+    v_transposed: TransposedCodes
+    v_bias: Tensor | None
+    block: int  # the scale blocks' tokens (all hold one scale per tensor)
+
+
+def pow2_scale(amax: Tensor) -> Tensor:
+    """The least power of two ``s`` (fp32, 0-d) with ``amax / s <= 448``: a tensorwise e4m3 scale."""
+    return torch.exp2(torch.ceil(torch.log2(amax.float().clamp_min(2.0**-100) / E4M3_MAX)))
+
+
+def quantize_qkv_weight(weight: Tensor) -> tuple[mx.ScaledTensor, mx.ScaledTensor, mx.ScaledTensor]:
+    """``nn.Linear(d, 3d).weight`` ``[3d, d]`` as the tensorwise e4m3 codes of its q, k and v row blocks (cast
+    once per optimizer step, not per call)."""
+    if weight.dim() != 2 or weight.shape[0] % 3:
+        raise ValueError(f"quantize_qkv_weight: expected an nn.Linear(d, 3d) weight [3d, d], got {tuple(weight.shape)}")
+    return tuple(mx.quantize_tensorwise(w.contiguous()) for w in weight.chunk(3))
+
+
+def _gemm(a: Tensor, sa: Tensor, bt: Tensor, sb: Tensor, s_out: Tensor, bias: Tensor | None) -> Tensor:
+    """e4m3 codes of ``(a sa)(bt sb) + bias`` in units of ``s_out``."""
+    b = None if bias is None else (bias.float() / s_out).to(torch.bfloat16)
+    return torch._scaled_mm(a, bt, sa / s_out, sb, bias=b, out_dtype=F8, use_fast_accum=True)
+
+
+def _rows_at_columns(x8: Tensor, offsets: Tensor, columns: Tensor, width: int) -> Tensor:
+    """``[width, d]`` e4m3: x's codes with row b's tokens from column ``columns[b]`` on, zeros in the gaps
+    (copied as 8-byte words: one-byte elements copied 4x slower on an H200)."""
+    total, d = x8.shape
+    lens = offsets[1:] - offsets[:-1]
+    dst = torch.arange(total, device=x8.device) - torch.repeat_interleave(offsets[:-1] - columns[:-1], lens,
+                                                                          output_size=total)
+    out = torch.zeros(width, d, dtype=F8, device=x8.device)
+    word = torch.int64 if d % 8 == 0 else torch.uint8
+    out.view(torch.uint8).view(word).index_copy_(0, dst, x8.view(torch.uint8).view(word))
+    return out
+
+
+def qkv_codes(x: Tensor, weights: tuple[mx.ScaledTensor, ...], bias: Tensor | None, offsets: Tensor, heads: int,
+              scales: Tensor, x_codes: mx.ScaledTensor | None = None, block: int = DEFAULT_QUANT_BLOCK) -> QKVCodes:
+    """q, k, v codes of ``x @ W^T + bias`` for the FP8 attention (module docstring). ``weights``:
+    ``quantize_qkv_weight(W)``; ``bias``: ``[3d]`` or None; ``scales``: ``[3]`` fp32 powers of two (q's, k's,
+    v's; ``pow2_scale`` of their amaxes); ``x_codes``: x's tensorwise e4m3 codes if the caller has them (else
+    cast here, current scaling). ``offsets`` ``[B+1]``: the jagged rows of x's tokens."""
+    total, d = x.shape
+    if d % heads or d % 16:
+        raise ValueError(f"qkv_codes: width {d} must split into {heads} heads and be a multiple of 16 (FP8 GEMMs)")
+    if len(weights) != 3 or any(w.shape != (d, d) for w in weights):
+        raise ValueError(f"qkv_codes: expected three [{d}, {d}] weight codes (quantize_qkv_weight), got "
+                         f"{[tuple(w.shape) for w in weights]}")
+    if scales.shape != (3,):
+        raise ValueError(f"qkv_codes: scales must be [3] (q, k, v), got {tuple(scales.shape)}")
+    xs = x_codes if x_codes is not None else mx.quantize_tensorwise(x)
+    bq, bk, bv = (None, None, None) if bias is None else bias.chunk(3)
+    plan = quant_plan(offsets, block, total)
+    width = max(16, (total + (offsets.numel() - 1) * 15 + 15) // 16 * 16)  # bounds the columns without a sync
+    xpad = _rows_at_columns(xs.data, offsets, plan.columns, width)
+    wq, wk, wv = weights
+    q8 = _gemm(xs.data, xs.scale, wq.data.t(), wq.scale, scales[0], bq)
+    k8 = _gemm(xs.data, xs.scale, wk.data.t(), wk.scale, scales[1], bk)
+    vt8 = _gemm(wv.data, wv.scale, xpad.t(), xs.scale, scales[2], None)  # [d, width]: V transposed
+    nb = max((total + block - 1) // block + offsets.numel() - 1, 1)  # scale blocks, as the quantizer bounds them
+    per_block = lambda s: s.reshape(1, 1).expand(nb, heads).contiguous()
+    dim = d // heads
+    return QKVCodes(
+        Fp8Jagged(q8.view(total, heads, dim), per_block(scales[0]), plan.block_offsets),
+        Fp8Jagged(k8.view(total, heads, dim), per_block(scales[1]), plan.block_offsets),
+        Fp8Jagged(vt8, per_block(scales[2]), plan.block_offsets),
+        TransposedCodes(vt8, plan.columns),
+        None if bv is None else bv.view(heads, dim),
+        block,
+    )
+
+
+def attention(codes: QKVCodes, offsets: Tensor, max_len: int | None = None, causal: bool = True,
+              scale: float | None = None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Softmax self-attention forward ``[ΣL, H, D]`` of the FP8 kernel on ``qkv_codes``' operands, V's bias
+    added in its epilogue. ``max_len``: the longest row (buckets the kernel's tuning; from the tokens per row
+    when None)."""
+    from kernels.attention_fp8_op import fp8_fwd_quantized
+    from kernels.attention_op import _len_key
+
+    total, heads, dim = codes.q.data.shape
+    like = torch.empty((), dtype=out_dtype, device=offsets.device).expand(total, heads, dim)  # shape and dtype
+    len_key = _len_key(offsets, like, like, max_len, max_len)
+    scale = dim**-0.5 if scale is None else scale
+    return fp8_fwd_quantized(like, like, codes.q, codes.k, codes.v, codes.v_transposed, offsets, offsets, None,
+                             None, None, None, None, "softmax", causal, scale, 0, -1, 0, len_key, max_len or 0,
+                             codes.block, v_bias=codes.v_bias)[0]

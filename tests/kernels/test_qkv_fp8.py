@@ -1,0 +1,104 @@
+"""The FP8 QKV projection whose e4m3 outputs feed the FP8 attention kernel (``kernels.qkv_fp8``): its codes
+against an emulation of the same quantized arithmetic, V's transposed layout, and the attention on the codes
+(interpreter) against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import mx
+from kernels.attention_fp8_op import fp8_fwd_quantized
+from kernels.attention_ref import jagged_attention_ref
+from kernels.qkv_fp8 import attention, pow2_scale, qkv_codes, quantize_qkv_weight
+from tests.kernels.attention_cases import rel_err
+
+F8 = torch.float8_e4m3fn
+FP8_REL_BOUND = 0.08  # as tests/kernels/test_attention_fp8.py: the FP8 forward against float64
+LENS = [0, 1, 17, 40, 16, 3]
+HEADS, DIM = 2, 32
+
+
+def _problem(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    d = HEADS * DIM
+    total = sum(LENS)
+    offsets = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()])
+    x = torch.randn(total, d, generator=g)
+    w = torch.randn(3 * d, d, generator=g) / d**0.5
+    b = torch.randn(3 * d, generator=g) * 0.3
+    exact = (x.double() @ w.double().t() + b.double()).chunk(3, dim=1)
+    scales = torch.stack([pow2_scale(t.abs().max() if i < 2 else (t - b.double().chunk(3)[2]).abs().max())
+                          for i, t in enumerate(exact)])
+    return x, w, b, offsets, exact, scales
+
+
+def _emulated(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> list[torch.Tensor]:
+    """q, k, v (v without its bias) as dequantized x codes times dequantized weight codes, in fp32, then
+    e4m3 codes in units of their scales (saturating); the bias enters in bf16 in those units, as the GEMM's
+    epilogue takes it."""
+    xs = mx.quantize_tensorwise_ref(x)
+    xd = xs.data.float() * xs.scale
+    out = []
+    for i, (wi, bi) in enumerate(zip(w.chunk(3), b.chunk(3))):
+        ws = mx.quantize_tensorwise_ref(wi)
+        y = xd @ (ws.data.float() * ws.scale).t() / scales[i]
+        if i < 2:
+            y = y + (bi / scales[i]).to(torch.bfloat16).float()
+        out.append(y.clamp(-448.0, 448.0).to(F8))
+    return out
+
+
+def _close_codes(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal codes but for the GEMM's summation order: at most one e4m3 step apart (a relative 2^-3, or the
+    subnormal step 2^-9 near zero), on few elements."""
+    a, b = got.float(), want.float()
+    assert torch.all((a - b).abs() <= b.abs() * 2.0**-3 + 2.0**-9 + 1e-6)
+    assert (got.view(torch.uint8) != want.view(torch.uint8)).float().mean() < 0.01
+
+
+def test_codes_match_the_emulated_projection_in_the_kernels_layouts():
+    x, w, b, offsets, _, scales = _problem()
+    codes = qkv_codes(x, quantize_qkv_weight(w), b, offsets, HEADS, scales)
+    eq, ek, ev = _emulated(x, w, b, scales)
+    total = x.shape[0]
+    _close_codes(codes.q.data.reshape(total, -1), eq)
+    _close_codes(codes.k.data.reshape(total, -1), ek)
+    # V transposed: row b's tokens from column columns[b] on, every other column zero
+    vt, cols = codes.v_transposed.data, codes.v_transposed.offsets.tolist()
+    used = torch.zeros(vt.shape[1], dtype=torch.bool)
+    for r, n in enumerate(LENS):
+        s, c = int(offsets[r]), cols[r]
+        assert c % 16 == 0
+        _close_codes(vt[:, c:c + n].t(), ev[s:s + n]) if n else None
+        used[c:c + n] = True
+    assert torch.all(vt[:, ~used].view(torch.uint8) == 0)
+    assert torch.equal(codes.v_bias, b.chunk(3)[2].view(HEADS, DIM))
+    for t, s in ((codes.q, scales[0]), (codes.k, scales[1]), (codes.v, scales[2])):
+        assert torch.all(t.scale == s)  # every scale block holds its tensor's scale
+
+
+def test_attention_on_the_codes_is_within_the_fp8_bound_of_float64():
+    x, w, b, offsets, exact, scales = _problem(1)
+    codes = qkv_codes(x, quantize_qkv_weight(w), b, offsets, HEADS, scales)
+    out = attention(codes, offsets, max(LENS), out_dtype=torch.float32)
+    q, k, v = (t.view(-1, HEADS, DIM) for t in exact)
+    ref = jagged_attention_ref(q, k, v, offsets, offsets, causal=True)
+    assert rel_err(out.double(), ref) <= FP8_REL_BOUND
+    # V's bias is the epilogue's: the same call without it is the output less the bias
+    codes.v_bias = None
+    assert torch.allclose(attention(codes, offsets, max(LENS), out_dtype=torch.float32) + b.chunk(3)[2].view(HEADS, DIM),
+                          out, atol=1e-5)
+
+
+def test_v_bias_needs_softmax_and_bad_weights_are_named():
+    x, w, b, offsets, _, scales = _problem()
+    codes = qkv_codes(x, quantize_qkv_weight(w), b, offsets, HEADS, scales)
+    q = torch.empty(x.shape[0], HEADS, DIM)
+    with pytest.raises(ValueError, match="v_bias needs softmax"):
+        fp8_fwd_quantized(q, q, codes.q, codes.k, codes.v, codes.v_transposed, offsets, offsets, None, None, None,
+                          None, None, "silu", True, 1.0, 0, -1, 0, 64, 0, codes.block, v_bias=codes.v_bias)
+    with pytest.raises(ValueError, match="quantize_qkv_weight"):
+        qkv_codes(x, quantize_qkv_weight(w)[:2], b, offsets, HEADS, scales)
+    with pytest.raises(ValueError, match="nn.Linear"):
+        quantize_qkv_weight(w[:-1])

@@ -2,6 +2,7 @@
 
     python benchmarks/qkv_fp8.py                 # batch A (device README), 20 back-to-back calls per timing
     python benchmarks/qkv_fp8.py A calls=5
+    python benchmarks/qkv_fp8.py A profile       # and the FP8 route's forward+backward kernels (torch.profiler)
 
 The model's attention layer runs ``x [ΣL, d] -> q, k, v`` and then the attention. Arms, on one bf16 ``x``
 (d = H * D) and one weight and bias, causal softmax:
@@ -32,12 +33,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.attention import BATCHES, FP8_REL_BOUND, cuda_time, lengths, offsets_of, rel_err  # noqa: E402
-from kernels import jagged_attention, mx  # noqa: E402
+from kernels import jagged_attention, mx, qkv_fp8  # noqa: E402
 from kernels.attention_fp8 import jagged_attention_fp8  # noqa: E402
 from kernels.attention_fp8_op import fp8_fwd_quantized, quantize_qkv  # noqa: E402
 from kernels.attention_op import _len_key  # noqa: E402
 from kernels.attention_ref import jagged_attention_ref  # noqa: E402
-from kernels.qkv_fp8 import attention, pow2_scale, qkv_codes, quantize_qkv_weight  # noqa: E402
+from kernels.qkv_fp8 import attention, pow2_scale, projected_attention, qkv_codes, quantize_qkv_weight  # noqa: E402
 
 F8 = torch.float8_e4m3fn
 
@@ -112,6 +113,63 @@ def main(argv: list[str]) -> None:
     print(f"\nweights' casts (three tensorwise casts, once per optimizer step): {weight_casts:.3f} ms")
     print(f"FP8 kernel alone on quantize_qkv's codes of the bf16 q, k, v: {kernel_pass:.3f} ms "
           f"(bf16 / this {base[1] / kernel_pass:.2f}x); x's tensorwise cast (in the projection): {x_cast:.3f} ms")
+    _train_rows(x, w, b, offs, H, D, max_len, attn_kw, calls, profile="profile" in argv)
+
+
+def _train_rows(x, w, b, offs, H: int, D: int, max_len: int, attn_kw: dict, calls: int,
+                profile: bool = False) -> None:
+    """Forward+backward of projection and attention: bf16 (three GEMMs, our bf16 kernels) against
+    ``projected_attention`` (FP8 forward, bf16 backward), gradients of x, W and b against float64."""
+    T = x.shape[0]
+    dout = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=torch.Generator(
+        device="cuda").manual_seed(1))
+
+    def bf16(xx, ww, bb):
+        q, k, v = (F.linear(xx, wi, bi).view(T, H, D) for wi, bi in zip(ww.chunk(3), bb.chunk(3)))
+        return jagged_attention(q, k, v, offs, offs, **attn_kw)
+
+    def ours(xx, ww, bb):
+        return projected_attention(xx, ww, bb, offs, H, causal=True, max_len=max_len)
+
+    def ours_cast(xx, ww, bb):  # the weight's casts in every call, as one call per optimizer step pays them
+        qkv_fp8._WEIGHT_CODES.clear()
+        return ours(xx, ww, bb)
+
+    def exact(xx, ww, bb):
+        q, k, v = (xx @ ww.t() + bb).view(T, 3, H, D).unbind(1)
+        return jagged_attention_ref(q, k, v, offs, offs, causal=True)
+
+    def grads(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, w, b)]
+        fn(*leaves).backward(dout.to(dtype))
+        return [t.grad for t in leaves]
+
+    ref = grads(exact, torch.float64)
+    errs = {name: [rel_err(g, r) for g, r in zip(grads(fn, torch.bfloat16), ref)] for name, fn in
+            (("bf16", bf16), ("fp8 from the projection", ours))}
+    del ref
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+
+    def step(fn):
+        fn(*leaves).backward(dout)
+
+    times = {name: cuda_time(lambda fn=fn: step(fn), calls=calls) for name, fn in
+             (("bf16", bf16), ("fp8 from the projection", ours), ("fp8, weights cast in each call", ours_cast))}
+    errs["fp8, weights cast in each call"] = errs["fp8 from the projection"]
+    if profile:  # where the FP8 route's forward+backward spends its GPU time
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step(ours)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    print("\n| projection + attention, forward+backward | ms | bf16 / this | err dx | err dW | err db |")
+    print("|---|---|---|---|---|---|")
+    for name, ms in times.items():
+        e = errs[name]
+        print(f"| {name} | {ms:.3f} | {times['bf16'] / ms:.2f}x | {e[0]:.1e} | {e[1]:.1e} | {e[2]:.1e} |")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,20 @@ def pow2_scale(amax: Tensor) -> Tensor:
     return torch.exp2(torch.ceil(torch.log2(amax.float().clamp_min(2.0**-100) / E4M3_MAX)))
 
 
+def bound_scales(x: Tensor, weights: tuple[mx.ScaledTensor, ...], bias: Tensor | None) -> Tensor:
+    """``[3]`` scales for q, k and v codes that no element can exceed, without computing q, k, v: by
+    Cauchy-Schwarz ``|x w_j + b_j| <= ||x|| ||w_j|| + |b_j|`` over x's rows (x's codes differ from x by at most
+    2^-4 per element) and the weight codes' rows (V's bias stays out of its codes). Nothing saturates; the
+    bound sits about sqrt(d) above typical values, which e4m3's 15 binades of normal numbers absorb."""
+    xn = torch.linalg.vector_norm(x, dim=1, dtype=torch.float32).amax() * (1 + 2.0**-4)
+    out = []
+    for i, w in enumerate(weights):
+        wn = torch.linalg.vector_norm(w.data.float(), dim=1).amax() * w.scale
+        bn = bias.chunk(3)[i].float().abs().amax() * (1 + 2.0**-7) if bias is not None and i < 2 else 0.0
+        out.append(pow2_scale(xn * wn + bn))
+    return torch.stack(out)
+
+
 def quantize_qkv_weight(weight: Tensor) -> tuple[mx.ScaledTensor, mx.ScaledTensor, mx.ScaledTensor]:
     """``nn.Linear(d, 3d).weight`` ``[3d, d]`` as the tensorwise e4m3 codes of its q, k and v row blocks (cast
     once per optimizer step, not per call)."""
@@ -67,13 +81,17 @@ def _gemm(a: Tensor, sa: Tensor, bt: Tensor, sb: Tensor, s_out: Tensor, bias: Te
     return torch._scaled_mm(a, bt, sa / s_out, sb, bias=b, out_dtype=F8, use_fast_accum=True)
 
 
-def _rows_at_columns(x8: Tensor, offsets: Tensor, columns: Tensor, width: int) -> Tensor:
-    """``[width, d]`` e4m3: x's codes with row b's tokens from column ``columns[b]`` on, zeros in the gaps
-    (copied as 8-byte words: one-byte elements copied 4x slower on an H200)."""
-    total, d = x8.shape
+def token_columns(offsets: Tensor, columns: Tensor, total: int) -> Tensor:
+    """Each token's column in ``TransposedCodes`` (row b's tokens from ``columns[b]`` on)."""
     lens = offsets[1:] - offsets[:-1]
-    dst = torch.arange(total, device=x8.device) - torch.repeat_interleave(offsets[:-1] - columns[:-1], lens,
-                                                                          output_size=total)
+    return torch.arange(total, device=offsets.device) - torch.repeat_interleave(offsets[:-1] - columns[:-1], lens,
+                                                                                output_size=total)
+
+
+def _rows_at_columns(x8: Tensor, dst: Tensor, width: int) -> Tensor:
+    """``[width, d]`` e4m3: x's codes at their tokens' columns (``dst``), zeros in the gaps (copied as 8-byte
+    words: one-byte elements copied 4x slower on an H200)."""
+    d = x8.shape[1]
     out = torch.zeros(width, d, dtype=F8, device=x8.device)
     word = torch.int64 if d % 8 == 0 else torch.uint8
     out.view(torch.uint8).view(word).index_copy_(0, dst, x8.view(torch.uint8).view(word))
@@ -98,7 +116,7 @@ def qkv_codes(x: Tensor, weights: tuple[mx.ScaledTensor, ...], bias: Tensor | No
     bq, bk, bv = (None, None, None) if bias is None else bias.chunk(3)
     plan = quant_plan(offsets, block, total)
     width = max(16, (total + (offsets.numel() - 1) * 15 + 15) // 16 * 16)  # bounds the columns without a sync
-    xpad = _rows_at_columns(xs.data, offsets, plan.columns, width)
+    xpad = _rows_at_columns(xs.data, token_columns(offsets, plan.columns, total), width)
     wq, wk, wv = weights
     q8 = _gemm(xs.data, xs.scale, wq.data.t(), wq.scale, scales[0], bq)
     k8 = _gemm(xs.data, xs.scale, wk.data.t(), wk.scale, scales[1], bk)
@@ -131,3 +149,109 @@ def attention(codes: QKVCodes, offsets: Tensor, max_len: int | None = None, caus
     return fp8_fwd_quantized(like, like, codes.q, codes.k, codes.v, codes.v_transposed, offsets, offsets, None,
                              None, None, None, None, "softmax", causal, scale, 0, -1, 0, len_key, max_len or 0,
                              codes.block, v_bias=codes.v_bias)[0]
+
+
+_WEIGHT_CODES: dict[int, tuple] = {}  # id(weight) -> (weight's version, data pointer, codes): cast once per update
+
+
+def _weight_codes(weight: Tensor) -> tuple[mx.ScaledTensor, ...]:
+    key = (weight._version, weight.data_ptr())
+    hit = _WEIGHT_CODES.get(id(weight))
+    if hit is None or hit[0] != key:
+        hit = (key, quantize_qkv_weight(weight.detach()))
+        _WEIGHT_CODES[id(weight)] = hit
+    return hit[1]
+
+
+class _ProjectedAttention(torch.autograd.Function):
+    """x -> FP8 projection codes -> FP8 attention forward; backward in 16 bits on the dequantized codes (the
+    attention's straight-through backward, as ``precision="fp8"``), then the projection's dx, dW, db."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, offsets, pos_weight, time_weight, timestamps, heads, opts):
+        from kernels.attention_fp8_op import fp8_fwd_quantized
+        from kernels.attention_op import _len_key, _plan, work_list
+
+        dt = opts["dtype"]
+        xb = x.to(dt).contiguous()
+        weights = _weight_codes(weight)
+        xs = mx.quantize_tensorwise(xb)
+        scales = bound_scales(xb, weights, bias)
+        codes = qkv_codes(xb, weights, bias, offsets, heads, scales, x_codes=xs)
+        total, dim = xb.shape[0], xb.shape[1] // heads
+        like = torch.empty((), dtype=dt, device=x.device).expand(total, heads, dim)
+        len_key = _len_key(offsets, like, like, opts["max_len"], opts["max_len"])
+        block, window = int(opts["block_size"] or 0), -1 if opts["window"] is None else int(opts["window"])
+        work = work_list(offsets, offsets, _plan(like, like, len_key, block, 0)["tile_q"], total)[0]
+        ts = None if time_weight is None else timestamps.contiguous()
+        out, lse = fp8_fwd_quantized(like, like, codes.q, codes.k, codes.v, codes.v_transposed, offsets, offsets,
+                                     None, pos_weight, time_weight, ts, ts, "softmax", opts["causal"],
+                                     opts["scale"], block, window, 0, len_key, 0, codes.block, work,
+                                     v_bias=codes.v_bias)
+        ctx.save_for_backward(xb, weight, bias, offsets, out, lse, codes.q.data, codes.k.data,
+                              codes.v_transposed.data, codes.v_transposed.offsets, scales, pos_weight, time_weight,
+                              ts, work)
+        ctx.args = (heads, block, window, len_key, opts, x.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from kernels.attention_op import _backward_call
+
+        (xb, weight, bias, offsets, out, lse, q8, k8, vt8, columns, scales, pos_weight, time_weight, ts,
+         work) = ctx.saved_tensors
+        heads, block, window, len_key, opts, x_dtype = ctx.args
+        total, d = xb.shape
+        bf = opts["dtype"]
+        q, k = (c.to(bf) * sc.to(bf) for c, sc in ((q8, scales[0]), (k8, scales[1])))  # powers of two: exact
+        # V: its transposed codes back to token rows (a transposed copy of the bytes, then the rows of the tokens)
+        v8 = vt8.view(torch.uint8).t().contiguous().index_select(0, token_columns(offsets, columns, total))
+        v = v8.view(F8).to(bf) * scales[2].to(bf)
+        if bias is not None:
+            v += bias.chunk(3)[2].to(bf)
+        dq, dk, dv, dpos, dtime = _backward_call(
+            dout.contiguous().to(bf), q, k, v.view(total, heads, d // heads), out, lse, offsets, offsets, None,
+            pos_weight, time_weight, ts, ts, "softmax", opts["causal"], opts["scale"], block, window, 0, len_key, 0,
+            work)
+        parts = [t.reshape(total, d) for t in (dq, dk, dv)]  # d(x W^T + b) by row block of W, each [ΣL, d]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            wb = weight.to(bf).chunk(3)
+            dx = parts[0] @ wb[0]
+            for g, w in zip(parts[1:], wb[1:]):
+                dx.addmm_(g, w)
+            dx = dx.to(x_dtype)
+        if ctx.needs_input_grad[1]:
+            dw = torch.cat([g.t() @ xb for g in parts]).to(weight.dtype)
+        if bias is not None and ctx.needs_input_grad[2]:
+            db = torch.cat([g.sum(0, dtype=torch.float32) for g in parts]).to(bias.dtype)
+        return (dx, dw, db, None, dpos if pos_weight is not None else None,
+                dtime if time_weight is not None else None, None, None, None)
+
+
+def projected_attention(x: Tensor, weight: Tensor, bias: Tensor | None, offsets: Tensor, heads: int, *,
+                        causal: bool = True, scale: float | None = None, pos_weight: Tensor | None = None,
+                        time_weight: Tensor | None = None, timestamps: Tensor | None = None,
+                        block_size: int | None = None, window: int | None = None,
+                        max_len: int | None = None, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Softmax self-attention of ``x [ΣL, d]`` over its jagged rows with ``q, k, v = x W^T + b`` (``W``
+    ``[3d, d]``, an ``nn.Linear(d, 3d)``'s) in one step: the projection writes the FP8 attention's e4m3 operands
+    (``qkv_codes``, scales from ``bound_scales``) and the FP8 forward runs on them. The backward is bf16: the
+    attention's on the dequantized codes (straight-through), then the projection's. Returns ``[ΣL, H, D]`` in
+    ``dtype``, the precision of the output and of the backward (bf16; fp32 under the interpreter, whose bf16 is
+    wrong).
+    The relative bias tables, block-local and window masks are the attention kernels' (``timestamps``: ``[ΣL]``,
+    with ``time_weight``). Runs where ``torch._scaled_mm`` and the Triton kernels run (CUDA sm_89+, or
+    ``TRITON_INTERPRET=1``)."""
+    from kernels.attention_triton_common import INTERPRET
+
+    if not x.is_cuda and not INTERPRET:
+        raise ValueError("projected_attention: the FP8 projection route runs Triton kernels, on a CUDA GPU (sm_89+) "
+                         "or under TRITON_INTERPRET=1; on CPU use attention_kernel fp8 (its emulating reference)")
+    d = x.shape[1]
+    if weight.shape != (3 * d, d):
+        raise ValueError(f"projected_attention: weight must be [3d, d] = [{3 * d}, {d}], got {tuple(weight.shape)}")
+    opts = dict(causal=bool(causal), scale=(d // heads) ** -0.5 if scale is None else float(scale),
+                block_size=block_size, window=window, max_len=max_len, dtype=dtype)
+    return _ProjectedAttention.apply(x, weight, bias, offsets.contiguous(), pos_weight, time_weight, timestamps,
+                                     heads, opts)

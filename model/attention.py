@@ -29,7 +29,9 @@ class SelfAttention(nn.Module):
         self.heads, self.head_dim = h, d // h
         self.kind, self.window, self.block_size = kind, window, block_size
         self.activation, self.causal = enc.activation, enc.causal
-        self.attention_precision = "bf16"  # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention; set by the policy)
+        # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention), "fp8_qkv" (kernels.qkv_fp8: the projection writes the
+        # FP8 attention's operands); set by the precision policy
+        self.attention_precision = "bf16"
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         b = enc.bias
@@ -43,8 +45,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, hist: History, layout: PaddedLayout | None = None) -> torch.Tensor:
         """``x [ΣL, d]`` (jagged) or ``[B * Lmax, d]`` (padded, with ``layout``) -> same shape."""
-        q, k, v = self._split(x)
         ts = hist.timestamps if self.time_weight is not None else None
+        if self.attention_precision == "fp8_qkv" and layout is None:
+            return self.out(self._projected(x, hist, ts).reshape(x.shape[0], -1))
+        q, k, v = self._split(x)
         if layout is None:
             bias = None
             if self.pos_weight is not None or ts is not None:
@@ -63,6 +67,19 @@ class SelfAttention(nn.Module):
                                q_ts=pts, kv_ts=pts, block_size=self.block_size, window=self.window,
                                same_lengths=True)
         return self.out(y.reshape(x.shape[0], -1))
+
+    def _projected(self, x: torch.Tensor, hist: History, ts: torch.Tensor | None) -> torch.Tensor:
+        """Projection and attention in one FP8 step (``kernels.qkv_fp8.projected_attention``)."""
+        from kernels.qkv_fp8 import projected_attention
+
+        if self.activation != "softmax":
+            raise ValueError(f"attention_kernel fp8_qkv needs softmax attention (V's bias joins the output), this "
+                             f"layer's activation is {self.activation!r}: use attention_kernel fp8 for it")
+        return projected_attention(
+            x, self.qkv.weight, self.qkv.bias, hist.offsets, self.heads, causal=self.causal,
+            pos_weight=self.pos_weight, time_weight=self.time_weight if ts is not None else None, timestamps=ts,
+            block_size=self.block_size, window=self.window, max_len=hist.max_length,
+            dtype=torch.bfloat16 if x.is_cuda else torch.float32)  # fp32 on CPU: the interpreter's bf16 is wrong
 
     def flops(self, offsets: torch.Tensor, total: int) -> dict[str, int]:
         from kernels import jagged_attention_flops
@@ -87,7 +104,7 @@ class TargetCrossAttention(nn.Module):
         d, h = cfg.d_model, cfg.num_heads
         self.heads, self.head_dim = h, d // h
         self.activation = cfg.cross_attention.activation
-        self.attention_precision = "bf16"  # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention; set by the policy)
+        self.attention_precision = "bf16"  # "fp8" / "fp8_fwd_bwd" (kernels.jagged_attention); "fp8_qkv" runs "fp8"
         self.padded = padded
         self.norm_q, self.norm_kv, self.norm_mlp = Norm(d), Norm(d), Norm(d)
         self.q = nn.Linear(d, d)
@@ -108,8 +125,10 @@ class TargetCrossAttention(nn.Module):
             y = padded_attention(q, k, v, q_offsets, hist.offsets, pos_weight=self.pos_weight, **kw)
         else:
             bias = RelativeBias(pos_weight=self.pos_weight) if self.pos_weight is not None else None
+            # its q and kv projections are apart, so the FP8 projection route is the plain FP8 attention here
+            precision = "fp8" if self.attention_precision == "fp8_qkv" else self.attention_precision
             y = jagged_attention(q, k, v, q_offsets, hist.offsets, bias=bias, max_q_len=n,
-                                 max_kv_len=hist.max_length, precision=self.attention_precision, **kw)
+                                 max_kv_len=hist.max_length, precision=precision, **kw)
         tokens = tokens + self.drop(self.out(y.reshape(b, n, d)))
         return tokens + self.drop(self.mlp(self.norm_mlp(tokens)))
 

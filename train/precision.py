@@ -19,10 +19,14 @@ asks for a recipe on a high-precision kind, an unknown kind, and a model that al
 layer under a high-precision kind. Kinds whose recipe is ``bf16`` keep ``nn.Linear`` (autocast decides). Recipes that need a GPU fail at the first forward on a CPU tensor
 unless ``emulate=True`` (the quantize/dequantize reference that tests use).
 
-Attention core. ``attention_kernel`` (``bf16`` | ``fp8`` | ``fp8_fwd_bwd``) picks the precision of the attention
-products QK^T and PV themselves (``kernels.attention_fp8``: ``fp8`` for the forward's, with a straight-through
-bf16 backward; ``fp8_fwd_bwd`` for the backward's score products too), separately from the ``attention`` recipe of
-the projection layers: the policy sets the ``attention_precision`` attribute of every module that has
+Attention core. ``attention_kernel`` (``bf16`` | ``fp8`` | ``fp8_fwd_bwd`` | ``fp8_qkv``) picks the precision of the
+attention products QK^T and PV themselves (``kernels.attention_fp8``: ``fp8`` for the forward's, with a
+straight-through bf16 backward; ``fp8_fwd_bwd`` for the backward's score products too), separately from the
+``attention`` recipe of the projection layers. ``fp8_qkv`` (softmax self-attention; ``kernels.qkv_fp8``) runs the
+self-attention's QKV projection in FP8 writing the FP8 forward's operands, so no quantize pass runs between
+them (the fastest FP8 attention forward measured: benchmarks/RESULTS.md), with a bf16 backward; it replaces that
+projection's own recipe, needs a CUDA GPU (or ``TRITON_INTERPRET=1``), and cross attention runs ``fp8`` under it.
+The policy sets the ``attention_precision`` attribute of every module that has
 one (the model's attention blocks), or only of the modules named in ``attention_kernel_layers``
 (qualified names, e.g. ``encoder.layers.2.attn``), so FP8 attention is chosen per layer. On CPU the
 FP8 attention runs its emulating reference.
@@ -38,7 +42,7 @@ from torch import nn
 from kernels.fp8_linear import RECIPES, SCALINGS, WGRAD_PRECISIONS, Fp8Config, Fp8Linear, Fp8LinearError
 
 FP8_KINDS = ("attention", "mlp", "interaction")
-ATTENTION_KERNELS = ("bf16", "fp8", "fp8_fwd_bwd")
+ATTENTION_KERNELS = ("bf16", "fp8", "fp8_fwd_bwd", "fp8_qkv")
 ATTENTION_PRECISION_ATTR = "attention_precision"
 HIGH_PRECISION_KINDS = ("embedding", "head", "norm", "loss")
 POLICY_SCALINGS = ("auto",) + SCALINGS  # "auto": delayed for the tensorwise layers, current for the others

@@ -91,7 +91,10 @@ def test_attention_on_the_codes_is_within_the_fp8_bound_of_float64():
                           out, atol=1e-5)
 
 
-def test_v_bias_needs_softmax_and_bad_weights_are_named():
+def test_v_bias_needs_softmax_and_bad_weights_are_named(monkeypatch):
+    from kernels import attention_triton_common
+    from kernels.qkv_fp8 import projected_attention
+
     x, w, b, offsets, _, scales = _problem()
     codes = qkv_codes(x, quantize_qkv_weight(w), b, offsets, HEADS, scales)
     q = torch.empty(x.shape[0], HEADS, DIM)
@@ -102,3 +105,90 @@ def test_v_bias_needs_softmax_and_bad_weights_are_named():
         qkv_codes(x, quantize_qkv_weight(w)[:2], b, offsets, HEADS, scales)
     with pytest.raises(ValueError, match="nn.Linear"):
         quantize_qkv_weight(w[:-1])
+    with pytest.raises(ValueError, match=r"weight must be \[3d, d\]"):
+        projected_attention(x, w[:-1], b, offsets, HEADS)
+    monkeypatch.setattr(attention_triton_common, "INTERPRET", False)  # a CPU run without the interpreter
+    with pytest.raises(ValueError, match="attention_kernel fp8"):
+        projected_attention(x, w, b, offsets, HEADS)
+
+
+FP8_GRAD_REL_BOUND = 0.12  # as tests/kernels/test_attention_fp8.py: the straight-through backward
+
+
+@pytest.mark.parametrize("with_tables", [False, True])
+def test_projected_attention_trains_against_float64(with_tables):
+    """``projected_attention``'s output and gradients (x, W, b, the bias tables) against float64 autograd of
+    the same projection and attention."""
+    from kernels import RelativeBias
+    from kernels.qkv_fp8 import projected_attention
+
+    x, w, b, offsets, _, _ = _problem(2)
+    g = torch.Generator().manual_seed(7)
+    total = x.shape[0]
+    ts = torch.randint(0, 5000, (total,), generator=g).cumsum(0)
+    pos = (torch.randn(129, HEADS, generator=g) * 0.5) if with_tables else None
+    tim = (torch.randn(32, HEADS, generator=g) * 0.5) if with_tables else None
+    dout = torch.randn(total, HEADS, DIM, generator=g)
+
+    def run(dtype, fn):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in [x, w, b] + ([pos, tim] if with_tables
+                                                                                     else [])]
+        out = fn(*leaves)
+        out.double().mul(dout.double()).sum().backward()
+        return out, [t.grad for t in leaves]
+
+    def ours(xx, ww, bb, *tables):
+        kw = dict(pos_weight=tables[0], time_weight=tables[1], timestamps=ts) if tables else {}
+        return projected_attention(xx, ww, bb, offsets, HEADS, causal=True, max_len=max(LENS), dtype=torch.float32,
+                                   **kw)  # fp32: the interpreter computes bf16 wrongly
+
+    def exact(xx, ww, bb, *tables):
+        q, k, v = ((xx @ ww.t() + bb).view(total, 3, HEADS, DIM)).unbind(1)
+        bias = RelativeBias(tables[0], tables[1], ts, ts) if tables else None
+        return jagged_attention_ref(q, k, v, offsets, offsets, causal=True, bias=bias)
+
+    out, grads = run(torch.float32, ours)
+    ref, ref_grads = run(torch.float64, exact)
+    assert out.dtype == torch.float32
+    assert rel_err(out.double(), ref) <= FP8_REL_BOUND
+    for name, a, r in zip(["x", "W", "b", "pos", "time"], grads, ref_grads):
+        assert rel_err(a.double(), r) <= FP8_GRAD_REL_BOUND, name
+
+
+def test_policy_runs_self_attention_through_the_projection_route():
+    """``attention_kernel: fp8_qkv``: self-attention runs ``projected_attention`` (the FP8 projection writes the
+    attention's operands), within the FP8 bounds of the bf16 layer; non-softmax layers are refused by name."""
+    from torch import nn
+
+    from model.attention import SelfAttention
+    from model.config import ModelConfig
+    from model.embeddings import History
+    from train.precision import PrecisionPolicy, apply_precision_policy
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_dict({"d_model": 64, "num_heads": 2, "sequence_encoder": {"bias": {"time": True}}})
+    model = nn.ModuleDict({"layers": nn.ModuleList([SelfAttention(cfg, "full", None, None)])})
+    report = apply_precision_policy(model, PrecisionPolicy(attention_kernel="fp8_qkv"))
+    assert report.attention == {"layers.0": "fp8_qkv"}
+    layer = model["layers"][0]
+    with torch.no_grad():  # tables away from zero, so their gradients are not trivially zero
+        layer.pos_weight.normal_(0, 0.5)
+        layer.time_weight.normal_(0, 0.5)
+    offsets = torch.tensor([0, 30, 30, 50, 51])
+    hist = History(tokens=torch.randn(51, 64), offsets=offsets, timestamps=torch.arange(51) * 40, max_length=30)
+    grads = []
+    for precision in ("fp8_qkv", "bf16"):
+        layer.attention_precision = precision
+        layer.zero_grad()
+        x = hist.tokens.clone().requires_grad_()
+        y = layer(x, hist)
+        y.square().sum().backward()
+        grads.append([y.detach(), x.grad] + [p.grad.clone() for p in (layer.qkv.weight, layer.pos_weight,
+                                                                       layer.time_weight)])
+    (y8, *g8), (y, *g) = grads
+    assert 0 < rel_err(y8.double(), y.double()) <= FP8_REL_BOUND
+    for name, a, r in zip(["x", "qkv.weight", "pos", "time"], g8, g):
+        assert rel_err(a.double(), r.double()) <= FP8_GRAD_REL_BOUND, name
+    layer.activation, layer.attention_precision = "silu", "fp8_qkv"
+    with pytest.raises(ValueError, match="fp8_qkv needs softmax"):
+        layer(hist.tokens, hist)

@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict[str, object]] = {
                                 "mx_on_hopper": "emulate"},
     "fp8 attention kernel": {"attention_kernel": "fp8"},
     "fp8 attention kernel fwd+bwd": {"attention_kernel": "fp8_fwd_bwd"},
+    "fp8 qkv projection route": {"attention_kernel": "fp8_qkv"},
 }
 CPU_VARIANTS = ("bf16", "bf16 (repeat)", "blockwise", "tensorwise", "mxfp8 (hopper: emulate)",
                 "fp8 attention kernel", "fp8 attention kernel fwd+bwd")

@@ -235,6 +235,23 @@ def _tile_kernel(
 
 
 @triton.jit
+def decode_e4m3(code):
+    """e4m3fn codes (uint8) -> fp32, exact (subnormals and NaN codes included)."""
+    if HW_CVT:  # the GPU's e4m3 -> fp32 conversion is exact
+        return code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        c = code.to(tl.int32)
+        e = (c >> 3) & 0xF
+        mant = c & 7
+        sign = (c & 0x80) << 24
+        normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+        sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact; sign set by bits (keeps -0.0)
+        sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        v = tl.where(e == 0, sub, normal)
+        return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
 def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, ssc, o_ptr, sor, R, C,
                        TR: tl.constexpr, TC: tl.constexpr, BLK: tl.constexpr, BF16: tl.constexpr):
     pid_r = tl.program_id(0)
@@ -246,18 +263,7 @@ def _mx_dequant_kernel(q_ptr, sqr, s_ptr, ssr, ssc, o_ptr, sor, R, C,
     bc = (pid_c * (TC // BLK) + tl.arange(0, TC // BLK)).to(tl.int64)  # one scale per block, broadcast
     sb = tl.load(s_ptr + rr[:, None] * ssr + bc[None, :] * ssc,
                  mask=(rr[:, None] < R) & (bc[None, :] * BLK < C), other=127).to(tl.int32)
-    if HW_CVT:  # the GPU's e4m3 -> fp32 conversion is exact, subnormals and NaN codes included
-        v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        c = code.to(tl.int32)
-        e = (c >> 3) & 0xF
-        mant = c & 7
-        sign = (c & 0x80) << 24
-        normal = (sign | ((e + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
-        sub = mant.to(tl.float32) * 0.001953125  # m * 2^-9, exact; sign set by bits (keeps -0.0)
-        sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-        v = tl.where(e == 0, sub, normal)
-        v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+    v = decode_e4m3(code)
     xs = tl.where(sb == 0, 0x00400000, tl.where(sb == 255, 0x7FC00000, sb << 23)).to(tl.float32, bitcast=True)
     out = tl.reshape(tl.reshape(v, (TR, TC // BLK, BLK)) * xs[:, :, None], (TR, TC))  # NaN scale -> NaN
     if BF16:

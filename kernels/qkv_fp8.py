@@ -25,10 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
-from kernels import mx
+from kernels import mx, triton_launch
 from kernels.attention_fp8 import DEFAULT_QUANT_BLOCK, Fp8Jagged
 from kernels.attention_fp8_op import TransposedCodes, quant_plan
+from kernels.mx_triton import decode_e4m3
 
 Tensor = torch.Tensor
 F8 = torch.float8_e4m3fn
@@ -151,6 +154,45 @@ def attention(codes: QKVCodes, offsets: Tensor, max_len: int | None = None, caus
                              codes.block, v_bias=codes.v_bias)[0]
 
 
+@triton.jit
+def _dequant_kernel(c_ptr, stride_c, col_ptr, s_ptr, b_ptr, o_ptr, T, D,
+                    TRANSPOSED: tl.constexpr, HAS_BIAS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """out ``[T, D]`` = codes * scale (+ bias per column), from row-major codes ``[T, D]`` (row stride
+    ``stride_c``) or from ``TransposedCodes`` (``[D, columns]``, token t at column ``col[t]``)."""
+    t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
+    j = (tl.program_id(1) * BD + tl.arange(0, BD)).to(tl.int64)
+    tm, jm = t < T, j < D
+    scale = tl.load(s_ptr)
+    if TRANSPOSED:  # [BD, BT] tiles: a warp's lanes read consecutive columns, so its byte loads coalesce
+        col = tl.load(col_ptr + t, mask=tm, other=0).to(tl.int64)
+        code = tl.load(c_ptr + j[:, None] * stride_c + col[None, :], mask=jm[:, None] & tm[None, :], other=0)
+        v = tl.trans(decode_e4m3(code) * scale)
+    else:
+        code = tl.load(c_ptr + t[:, None] * stride_c + j[None, :], mask=tm[:, None] & jm[None, :], other=0)
+        v = decode_e4m3(code) * scale
+    if HAS_BIAS:
+        v += tl.load(b_ptr + j, mask=jm, other=0.0).to(tl.float32)[None, :]
+    tl.store(o_ptr + t[:, None] * D + j[None, :], v.to(o_ptr.dtype.element_ty), mask=tm[:, None] & jm[None, :])
+
+
+def dequantize(codes: Tensor, scale: Tensor, dtype: torch.dtype, columns: Tensor | None = None,
+               bias: Tensor | None = None) -> Tensor:
+    """``[T, D]`` values of e4m3 ``codes`` times the 0-d ``scale`` (plus ``bias`` ``[D]``) in ``dtype``: ``codes``
+    row-major ``[T, D]``, or transposed ``[D, width]`` with token t at column ``columns[t]`` (one pass, the
+    transposition included)."""
+    transposed = columns is not None
+    total, d = (columns.numel(), codes.shape[0]) if transposed else codes.shape
+    out = torch.empty(total, d, dtype=dtype, device=codes.device)
+    if total == 0:
+        return out
+    bt, bd = (128, 64) if transposed else (32, 128)
+    u8 = codes.view(torch.uint8)
+    triton_launch.run(_dequant_kernel, (triton.cdiv(total, bt), triton.cdiv(d, bd)), u8, u8.stride(0),
+                      columns if transposed else u8, scale.float().reshape(1), out if bias is None else bias, out,
+                      total, d, TRANSPOSED=transposed, HAS_BIAS=bias is not None, BT=bt, BD=bd, num_warps=4)
+    return out
+
+
 _WEIGHT_CODES: dict[int, tuple] = {}  # id(weight) -> (weight's version, data pointer, codes): cast once per update
 
 
@@ -203,12 +245,9 @@ class _ProjectedAttention(torch.autograd.Function):
         heads, block, window, len_key, opts, x_dtype = ctx.args
         total, d = xb.shape
         bf = opts["dtype"]
-        q, k = (c.to(bf) * sc.to(bf) for c, sc in ((q8, scales[0]), (k8, scales[1])))  # powers of two: exact
-        # V: its transposed codes back to token rows (a transposed copy of the bytes, then the rows of the tokens)
-        v8 = vt8.view(torch.uint8).t().contiguous().index_select(0, token_columns(offsets, columns, total))
-        v = v8.view(F8).to(bf) * scales[2].to(bf)
-        if bias is not None:
-            v += bias.chunk(3)[2].to(bf)
+        q, k = (dequantize(c.view(total, d), sc, bf).view(c.shape) for c, sc in ((q8, scales[0]), (k8, scales[1])))
+        v = dequantize(vt8, scales[2], bf, token_columns(offsets, columns, total),
+                       None if bias is None else bias.chunk(3)[2])
         dq, dk, dv, dpos, dtime = _backward_call(
             dout.contiguous().to(bf), q, k, v.view(total, heads, d // heads), out, lse, offsets, offsets, None,
             pos_weight, time_weight, ts, ts, "softmax", opts["causal"], opts["scale"], block, window, 0, len_key, 0,

@@ -192,3 +192,26 @@ def test_policy_runs_self_attention_through_the_projection_route():
     layer.activation, layer.attention_precision = "silu", "fp8_qkv"
     with pytest.raises(ValueError, match="fp8_qkv needs softmax"):
         layer(hist.tokens, hist)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dequantize_reads_both_layouts_exactly(dtype):
+    """The backward's dequantize pass: row-major codes, and transposed codes with a gap between rows, against
+    torch's conversion (powers-of-two scale: exact), the bias added in fp32."""
+    from kernels.qkv_fp8 import dequantize, token_columns
+
+    g = torch.Generator().manual_seed(4)
+    lens = [5, 0, 33, 17]
+    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    total, d = sum(lens), 24
+    codes = (torch.randn(total, d, generator=g) * 40).to(F8)
+    codes.view(torch.uint8)[3, 4] = 0x7F  # a NaN code stays NaN
+    scale, bias = torch.tensor(2.0**-5), torch.randn(d, generator=g)
+    want = (codes.float() * scale).to(dtype)
+    assert torch.equal(dequantize(codes, scale, dtype).nan_to_num(7.0), want.nan_to_num(7.0))
+    columns = torch.tensor([0, 16, 16, 64, 96])  # rows at 16-aligned columns, zeros between
+    cols = token_columns(offsets, columns, total)
+    vt = torch.zeros(d, 96, dtype=F8)
+    vt.view(torch.uint8)[:, cols] = codes.view(torch.uint8).t()
+    got = dequantize(vt, scale, dtype, cols, bias)
+    assert torch.equal(got.nan_to_num(7.0), (codes.float() * scale + bias).to(dtype).nan_to_num(7.0))

@@ -347,11 +347,12 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
         (32, "both"): [(32, 128, 2, 160, 8), (32, 128, 2), (32, 128, 4), (32, 256, 8), (32, 64, 4), (32, 256, 4)],
         (128, "row"): [(8, 512, 4), (16, 512, 8), (8, 1024, 8)],
         (128, "col"): [(128, 64, 8), (128, 32, 4), (128, 64, 4), (128, 128, 8)],
-        (128, "both"): [(128, 128, 4), (128, 128, 8), (128, 128, 16), (128, 128, 8, 128), (128, 128, 8, 112)],
+        (128, "both"): [(128, 128, 4), (128, 128, 8), (128, 128, 16), (128, 128, 8, 128), (128, 128, 8, 112),
+                        mx_triton.Interleaved(8), mx_triton.Interleaved(4)],
         (32, "both+sums"): [(32, 128, 1, 0, 8), (32, 128, 2, 160, 8), (32, 128, 2, 0, 8), (32, 128, 2), (32, 128, 1),
                             (32, 128, 4)],
-        (128, "both+sums"): [(128, 128, 4), (128, 128, 8, 128), (128, 128, 4, 0, 2, 1), (128, 128, 8),
-                             (128, 128, 8, 112)],
+        (128, "both+sums"): [mx_triton.Interleaved(4), mx_triton.Interleaved(8), (128, 128, 4), (128, 128, 8, 128),
+                             (128, 128, 4, 0, 2, 1), (128, 128, 8), (128, 128, 8, 112)],
     }
     for label, blk, e8, row, col, sums in ([] if only_tensorwise else cases):
         mode = ("both" if (row and col) else ("row" if row else "col")) + ("+sums" if sums else "")
@@ -367,9 +368,10 @@ def time_quantizers(dev: str, sweep: bool, only_tensorwise: bool = False) -> tup
             if best is None or t < best[0]:
                 best = (t, tiles)
         t, tiles = best
-        mx_triton.TILES[(blk, mode)] = tuple(tiles)
+        mx_triton.TILES[(blk, mode)] = tiles
         bw = (nbytes_in + outs) / t / 1e9
-        out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw, tiles=list(tiles)))
+        out.append(dict(kernel=label, ms=t, tbps=bw, pct_copy=100 * bw / copy_bw,
+                        tiles=repr(tiles) if isinstance(tiles, mx_triton.Interleaved) else list(tiles)))
     for label, row, col in (() if only_tensorwise else
                             (("rowwise rows (2 passes)", True, False), ("rowwise both layouts (2 passes)", True, True))):
         t = bench(lambda row=row, col=col: mx_triton.quantize_rowwise(x, row, col), rep=100)

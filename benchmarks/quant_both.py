@@ -9,7 +9,9 @@ does. Each configuration is checked bit for bit against the PyTorch reference (`
 ``mx_quantize_ref`` / ``quantize_1x128_ref`` of both layouts, on x with a NaN, an Inf and a -Inf block planted),
 then timed (median of ``triton.testing.do_bench``); bandwidth counts x read once plus the bytes written (not the
 column sums of the dY cast's rows), against a device copy of x in the same run. A tile is (rows, cols, warps[,
-register cap (0: none)[, tiles per program[, along rows]]]), as in ``kernels.mx_triton.TILES``.
+register cap (0: none)[, tiles per program[, along rows]]]), as in ``kernels.mx_triton.TILES``, or
+``Interleaved(warps)``: the cast of ``kernels.mx_triton_interleaved`` (rows read in fours, transposed codes packed
+into words in registers).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ TILES = {
     32: [(32, 128, 2), (32, 128, 2, 0, 8), (32, 128, 2, 144, 8), (32, 128, 2, 192, 8), (32, 128, 2, 160, 4),
          (32, 128, 2, 160, 16), (32, 256, 4), (32, 256, 2, 0, 8), (64, 128, 4)],
 }
+# rows read in fours (kernels.mx_triton_interleaved), tried for both layouts and with column sums
+for _block, _warps in ((128, (4, 8)), (32, (1, 2, 4))):
+    TILES[_block] += [mx_triton.Interleaved(w) for w in _warps]
+SUMS_TILES = {128: [mx_triton.Interleaved(4), mx_triton.Interleaved(8), (128, 128, 4), (128, 128, 8)],
+              32: [(32, 128, 1), mx_triton.Interleaved(1), mx_triton.Interleaved(2)]}
 
 
 def _bench(fn) -> float:
@@ -60,16 +67,22 @@ def _calls(block: int, x: torch.Tensor) -> list[tuple[str, object]]:
     calls.append(("two launches", lambda: (mx_triton.quantize(x, block, e8m0, True, False)[0],
                                            mx_triton.quantize(x, block, e8m0, False, True)[1])))
     sums = mx_triton.TILES[(block, "both+sums")]
-    for f32 in (False, True):  # the dY cast: column sums from the same read, its tile kept 16-bit or widened
-        calls.append((f"+ column sums {sums}, {'fp32' if f32 else '16-bit'} tile",
-                      lambda f32=f32: _with_sums(x, block, e8m0, f32)))
+    calls.append((f"+ column sums {sums} (shipped)", lambda: mx_triton.quantize(x, block, e8m0, True, True,
+                                                                                 col_sums=True)[:2]))
+    for t in SUMS_TILES[block]:
+        if t == sums:
+            continue
+        for f32 in (False, True) if isinstance(t, tuple) else (False,):
+            # the dY cast: column sums from the same read, a one-read tile kept 16-bit or widened on load
+            calls.append((f"+ column sums {t}" + (f", {'fp32' if f32 else '16-bit'} tile" if isinstance(t, tuple) else ""),
+                          lambda t=t, f32=f32: _with_sums(x, block, e8m0, t, f32)))
     return calls
 
 
-def _with_sums(x: torch.Tensor, block: int, e8m0: bool, f32: bool):
+def _with_sums(x: torch.Tensor, block: int, e8m0: bool, tiles, f32: bool):
     saved, mx_triton.WIDEN_WITH_SUMS = mx_triton.WIDEN_WITH_SUMS, f32
     try:
-        return mx_triton.quantize(x, block, e8m0, True, True, col_sums=True)[:2]
+        return mx_triton.quantize(x, block, e8m0, True, True, tiles=tiles, col_sums=True)[:2]
     finally:
         mx_triton.WIDEN_WITH_SUMS = saved
 

@@ -11,6 +11,7 @@ cvt against torch on every code, tie and clamp bound); the cvt runs at memory sp
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -282,14 +283,24 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+@dataclass(frozen=True)
+class Interleaved:
+    """A both-layouts cast whose programs read their [block, block] tile as four row tiles of every fourth row
+    (:mod:`kernels.mx_triton_interleaved`): warps per program and Triton's register cap (``maxnreg``, 0 = none)."""
+
+    warps: int = 4
+    cap: int = 0
+
+
 # Tile shapes (rows, cols, warps[, register cap[, tiles per program[, along rows]]]) per (block, mode): best of
 # sweeps on an H200 (benchmarks/fp8_linear.py --sweep, 2026-11-29 and 2026-12-03; both layouts: benchmarks/quant_both.py,
 # 2026-12-01 and 2026-12-03; MX columns and both layouts with column sums: benchmarks/RESULTS.md, 2026-12-03).
 # Column blocks with TR == BLK take the transpose-the-codes path. The register cap (Triton's ``maxnreg``, GPU
 # only; 0 = none) sets how many programs share an SM; a program casts its tiles in turn, along the columns (along
 # rows = 0) or along the rows (1: consecutive row tiles, so each column's transposed codes come out as one longer
-# run). A "+sums" mode, where present, is the cast that also sums x's columns (``col_sums``).
-TILES: dict[tuple[int, str], tuple[int, ...]] = {
+# run). A "+sums" mode, where present, is the cast that also sums x's columns (``col_sums``). An ``Interleaved``
+# entry (both layouts only) takes the cast of kernels.mx_triton_interleaved instead.
+TILES: dict[tuple[int, str], tuple[int, ...] | Interleaved] = {
     (32, "row"): (16, 512, 4, 0, 4),
     (32, "col"): (32, 128, 1, 0, 4, 1),
     (32, "both"): (32, 128, 2),
@@ -298,7 +309,9 @@ TILES: dict[tuple[int, str], tuple[int, ...]] = {
     (128, "both"): (128, 128, 8, 128),
     # both layouts plus column sums (dY: the bias gradient from the same read) take fewer registers per program
     (32, "both+sums"): (32, 128, 1),
-    (128, "both+sums"): (128, 128, 4),
+    # 1x128 dY: rows read in fours (kernels.mx_triton_interleaved); on an H100 0.488 ms against 0.519 for the one-read
+    # tile (128, 128, 4) in the same run, 65536x4096 bf16 (benchmarks/RESULTS.md, 2026-12-06)
+    (128, "both+sums"): Interleaved(warps=4),
 }
 
 
@@ -310,7 +323,7 @@ WIDEN_WITH_SUMS = True
 
 
 def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
-             tiles: tuple[int, ...] | None = None, col_sums: bool = False):
+             tiles: tuple[int, ...] | Interleaved | None = None, col_sums: bool = False):
     """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None), plus the
     fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
 
@@ -321,8 +334,14 @@ def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
     r, c = x.shape
     mode = "both" if (row and col) else ("row" if row else "col")
     key = (block, mode + "+sums") if col_sums and (block, mode + "+sums") in TILES else (block, mode)
-    t = tuple(tiles or TILES[key])
-    tr, tc, nw, cap, per_prog, along_rows = t + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
+    t = tiles or TILES[key]
+    if isinstance(t, Interleaved):
+        if not (row and col):
+            raise ValueError("quantize: the interleaved cast writes both layouts; give tile shapes for one layout")
+        from kernels import mx_triton_interleaved
+
+        return mx_triton_interleaved.quantize_both(x, block, e8m0, t, col_sums)
+    tr, tc, nw, cap, per_prog, along_rows = tuple(t) + (0, 1, 0)[len(t) - 3:]  # defaults: no cap, one tile per program
     if (row and tc % block) or (col and tr % block):
         raise ValueError(f"quantize: tile ({tr}, {tc}) must hold whole {block}-blocks along the blocked dims")
     cp, rp = _ceil_to(c, block), _ceil_to(r, block)

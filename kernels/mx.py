@@ -261,8 +261,8 @@ def quantize_1x128_both(x: torch.Tensor, backend: str = "auto", col_sums: bool =
     _check_2d(x, "quantize_1x128_both")
     from kernels import mx_triton
 
-    # One read: on an H200 (benchmarks/RESULTS.md, "Both-layouts casts", 2026-12-02) 0.394 ms against 0.414 ms for
-    # the rows and columns casts as two launches, 65536x4096 bf16.
+    # One read (rows read in fours, mx_triton.TILES): on an H100 0.397 ms against 0.568 ms for the rows and columns
+    # casts as two launches, 65536x4096 bf16 (benchmarks/RESULTS.md, 2026-12-06).
     rows, cols, *sums = mx_triton.quantize(x, HOPPER_BLOCK, e8m0=False, row=True, col=True, col_sums=col_sums)
     return (ScaledTensor(*rows, "1x128"), ScaledTensor(*cols, "1x128"), *sums)
 

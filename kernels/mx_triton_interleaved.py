@@ -3,8 +3,10 @@
 The one-read cast of :mod:`kernels.mx_triton` transposes a tile's 1-byte codes through shared memory a byte at a
 time. Here a program reads its [block, block] tile as four [block/4, block] row tiles (rows 4g, 4g+1, 4g+2,
 4g+3 of the tile), which Triton lays out alike, so the codes of one column in four consecutive rows pack into one
-4-byte word in registers and the transposed layout leaves as words. Codes, scales and column sums are those of
-the PyTorch reference, bit for bit (the element encoding is :mod:`kernels.mx_triton`'s).
+4-byte word in registers (on the GPU two paired fp32 -> e4m3 conversions fill it) and the transposed layout leaves
+as words. Codes, scales and column sums are those of the PyTorch reference, bit for bit (the element encoding is
+:mod:`kernels.mx_triton`'s). The 1x128 casts take it (``mx_triton.TILES``); MX's 32-row tiles are faster one-read
+(benchmarks/RESULTS.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels import triton_launch
-from kernels.mx_triton import Interleaved, _amax_bits, _ceil_to, _scale_from_amax, _scaled_codes
+from kernels.mx_triton import HW_CVT, Interleaved, _amax_bits, _ceil_to, _scale_from_amax, _scaled_codes
 
 
 @triton.jit
@@ -24,6 +26,22 @@ def _abs_bits(x):
         return x.to(tl.int16, bitcast=True) & 0x7FFF
     else:
         return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _codes_word(x0, x1, x2, x3, inv_bits, bad):
+    """e4m3 codes of ``x0..x3 * inv`` (as ``_scaled_codes``) packed into one int32, x0's in the low byte."""
+    if HW_CVT:  # two paired conversions fill the word: no byte extraction and merging after them
+        s = tl.where(bad, float("nan"), inv_bits.to(tl.float32, bitcast=True))
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }",
+            "=r,f,f,f,f", [x0.to(tl.float32) * s, x1.to(tl.float32) * s, x2.to(tl.float32) * s, x3.to(tl.float32) * s],
+            dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return (_scaled_codes(x0, inv_bits, bad).to(tl.int32) | (_scaled_codes(x1, inv_bits, bad).to(tl.int32) << 8)
+                | (_scaled_codes(x2, inv_bits, bad).to(tl.int32) << 16)
+                | (_scaled_codes(x3, inv_bits, bad).to(tl.int32) << 24))
 
 
 @triton.jit
@@ -71,9 +89,7 @@ def _both_kernel(
     if x0.dtype == tl.bfloat16:
         amax = amax << 16  # bf16 bits are the fp32 value's upper half
     inv, stored, bad = _scale_from_amax(amax, E8M0)
-    inv, bad = inv[None, :], bad[None, :]
-    word = (_scaled_codes(x0, inv, bad).to(tl.int32) | (_scaled_codes(x1, inv, bad).to(tl.int32) << 8)
-            | (_scaled_codes(x2, inv, bad).to(tl.int32) << 16) | (_scaled_codes(x3, inv, bad).to(tl.int32) << 24))
+    word = _codes_word(x0, x1, x2, x3, inv[None, :], bad[None, :])
     tl.store(qw_ptr + cols[None, :].to(tl.int64) * sqwr + (pid_r * G + g[:, None]), word, mask=inc)
     if E8M0:
         tl.store(st_ptr + cols + pid_r * sstc, stored.to(tl.uint8), mask=cols < C)

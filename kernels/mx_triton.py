@@ -317,8 +317,8 @@ TILES: dict[tuple[int, str], tuple[int, ...] | Interleaved] = {
 }
 
 
-# bf16 tiles stay 16-bit in the casts (half the registers, the same codes), except in the casts with column sums,
-# whose sums are fp32 anyway: on an H200 (65536x4096, benchmarks/quant_both.py) those ran faster widened on load
+# bf16 tiles stay 16-bit in the casts (half the registers, the same codes), except in the one-read casts with column
+# sums, whose sums are fp32 anyway (the interleaved cast keeps bf16 16-bit there too): on an H200 (65536x4096, benchmarks/quant_both.py) those ran faster widened on load
 # (MX 0.336 ms against 0.374 16-bit, 1x128 0.480 against 0.501), MX both layouts without sums 0.316 ms 16-bit
 # against 0.328 widened.
 WIDEN_WITH_SUMS = True

@@ -45,17 +45,22 @@ def _codes_word(x0, x1, x2, x3, inv_bits, bad):
 
 
 @triton.jit
+def _store_scales(ptr, stored, mask, E8M0: tl.constexpr):
+    """Scales as E8M0 bytes or as fp32 (``stored`` holds their bits either way)."""
+    if E8M0:
+        tl.store(ptr, stored.to(tl.uint8), mask=mask)
+    else:
+        tl.store(ptr, stored.to(tl.float32, bitcast=True), mask=mask)
+
+
+@triton.jit
 def _row_blocks(x, rows, cols, R, CP, q_ptr, sqr, s_ptr, ssc, pid_c, E8M0: tl.constexpr):
     """Cast a [G, BLK] row tile in blocks along its columns: codes to q, one scale per row to s."""
     inv, stored, bad = _scale_from_amax(_amax_bits(x, 1), E8M0)
     code = _scaled_codes(x, inv[:, None], bad[:, None])
     tl.store(q_ptr + rows[:, None].to(tl.int64) * sqr + cols[None, :], code,
              mask=(rows[:, None] < R) & (cols[None, :] < CP))
-    sp = s_ptr + rows + pid_c * ssc
-    if E8M0:
-        tl.store(sp, stored.to(tl.uint8), mask=rows < R)
-    else:
-        tl.store(sp, stored.to(tl.float32, bitcast=True), mask=rows < R)
+    _store_scales(s_ptr + rows + pid_c * ssc, stored, rows < R, E8M0)
 
 
 @triton.jit
@@ -91,10 +96,7 @@ def _both_kernel(
     inv, stored, bad = _scale_from_amax(amax, E8M0)
     word = _codes_word(x0, x1, x2, x3, inv[None, :], bad[None, :])
     tl.store(qw_ptr + cols[None, :].to(tl.int64) * sqwr + (pid_r * G + g[:, None]), word, mask=inc)
-    if E8M0:
-        tl.store(st_ptr + cols + pid_r * sstc, stored.to(tl.uint8), mask=cols < C)
-    else:
-        tl.store(st_ptr + cols + pid_r * sstc, stored.to(tl.float32, bitcast=True), mask=cols < C)
+    _store_scales(st_ptr + cols + pid_r * sstc, stored, cols < C, E8M0)
     if COLSUM:  # per-tile column sums (the bias gradient when x is dY), reduced on the host side
         xs = (x0.to(tl.float32) + x1.to(tl.float32)) + (x2.to(tl.float32) + x3.to(tl.float32))
         tl.store(cs_ptr + pid_r * scs + cols, tl.sum(xs, axis=0), mask=cols < C)

@@ -1,5 +1,7 @@
 """The block / window accuracy check of the attention benchmark runs on CPU (interpreter), so it cannot rot."""
 
+import math
+
 import torch
 
 from benchmarks import attention_local
@@ -12,3 +14,10 @@ def test_check_self_attention_passes_and_takes_each_op_on_cpu():
             seed=0, device="cpu")
         assert rows[-1] == f"\n{op.upper()} ALL OK: True", rows
         assert rows[2].endswith("| True | yes |"), rows  # the call took the op and met the accuracy rule
+
+
+def test_copy_ceiling_is_measured_on_this_device():
+    # The "of copy ceiling" columns divide by this rate, so it must be a measured, finite, positive rate
+    # (on CPU: a wall-clock clone), not one card's constant.
+    gbs = attention_local.copy_ceiling_gbs(nbytes=1 << 20)
+    assert math.isfinite(gbs) and gbs > 0

@@ -31,7 +31,8 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     assert list(res) == names.split(",")
     for name, s in res.items():
         assert s["steps"] == 3 and s["eval_rows"] > 0, name
-        assert all(math.isfinite(s["eval"][t]["ne"]) for t in ("click", "conversion")), name
+        assert all(math.isfinite(s["eval"][t][m]) for t in ("click", "conversion")
+                   for m in ("ne", "ne_recalibrated")), name
     diffs = mod.max_rel_diff(res)
     assert diffs["bf16 (repeat)"] == 0.0  # same seed, data and steps: CPU runs are deterministic
     assert 0.0 < diffs["tensorwise"] < 0.05  # emulated FP8 changes the numbers, not the model
@@ -41,6 +42,7 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     assert res["fp8 attention kernel fwd+bwd"]["eval"] != res["fp8 attention kernel"]["eval"]
     table = capsys.readouterr().out
     assert "| tensorwise |" in table and "rel. diff" in table and "FAILED" not in table
+    assert "click recal. NE" in table
 
 
 def test_variant_overrides_put_the_policy_in_the_precision_section():
@@ -74,8 +76,9 @@ def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
     assert mod.split_seed(run) == ("blockwise wgrad=bf16", 2) and mod.split_seed("bf16") == ("bf16", None)
     assert mod.variant_overrides(run, 5, None, cpu=True, extra=[])[-1] == "--train.seed=2"
 
-    def summary(click, conv):
-        return {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}, "steps": 5}
+    def summary(click, conv):  # recalibrated NE: half the NE (the seeded tables read either metric)
+        return {"eval": {"click": {"ne": click, "ne_recalibrated": click / 2},
+                         "conversion": {"ne": conv, "ne_recalibrated": conv / 2}}, "steps": 5}
 
     res = {"bf16 seed=0": summary(0.80, 1.00), "tensorwise seed=0": summary(0.808, 0.99),
            "bf16 seed=1": summary(0.90, 1.00), "tensorwise seed=1": summary(0.891, 1.01),
@@ -91,3 +94,8 @@ def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
     assert tw[2] == "+0.000%" and tw[3] == "1.414%"  # mean of +1% and -1%, sample sd
     assert tw[5] == "+0.000%"  # conversion: -1% and +1%
     assert rows["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"  # 0.90 / 0.80 - 1
+    recal = {r.split(" | ")[0].strip("| "): r for r in mod.seed_table(res, metric="ne_recalibrated")}
+    assert recal["tensorwise"].split(" | ")[2] == "+0.000%"  # the same relative differences, other values
+    assert recal["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"
+    assert math.isclose(mod.rel_diff(res, "tensorwise seed=0", "click", metric="ne_recalibrated"), 1.0)
+    assert math.isclose(mod.ne_of(res["bf16 seed=0"], "click", "ne_recalibrated"), 0.40)

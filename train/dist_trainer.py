@@ -470,8 +470,8 @@ def fit_distributed(tr) -> dict:
         last_eval = evaluate_distributed(tr, pz, info, autocast)
         if main:
             tr._emit({"kind": "eval", "step": tr.step, **{f"{k}/{t}": v for t, r in last_eval["tasks"].items()
-                                                          for k, v in r.items() if k in ("ne", "auc", "calibration",
-                                                                                         "oracle_ne")}})
+                                                          for k, v in r.items() if k in ("ne", "ne_recalibrated", "auc",
+                                                                                         "calibration", "oracle_ne")}})
     summary = tr._summary(last_eval, time.perf_counter() - t_start)
     summary.update(world_size=info.world_size, examples_per_s_global=_global_rate(tr))
     if pz.plan_text:

@@ -197,7 +197,8 @@ def _summary(run_dir: str | Path) -> dict:
 
 
 def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> Comparison:
-    """Side-by-side held-out NE, AUC and calibration per task; the NE change vs the first run in %."""
+    """Side-by-side held-out NE, recalibrated NE (where the runs report it), AUC and calibration per task; the
+    change of either NE vs the first run in %."""
     if len(run_dirs) < 2:
         raise GemtrainError(f"compare needs at least two run folders, got {len(run_dirs)}")
     names = names or [Path(d).name for d in run_dirs]
@@ -209,12 +210,13 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
     rows: list[list[Any]] = []
     for t in tasks:
         evals = [s["eval"][t] for s in summaries]
-        base = evals[0].get("ne", float("nan"))
-        for metric in ("ne", "oracle_ne", "auc", "calibration"):
+        for metric in ("ne", "ne_recalibrated", "oracle_ne", "auc", "calibration"):
             vals = [float(e.get(metric, float("nan"))) for e in evals]
             if all(math.isnan(v) for v in vals):
                 continue
-            deltas = [f"{100 * (v / base - 1):+.3f}%" if metric == "ne" and base else "" for v in vals[1:]]
+            base = vals[0]
+            deltas = [f"{100 * (v / base - 1):+.3f}%" if metric in ("ne", "ne_recalibrated") and base else ""
+                      for v in vals[1:]]
             rows.append([t, metric.replace("_", " ")] + vals + deltas)
     steps = [s.get("steps") for s in summaries]
     rows.append(["(run)", "steps"] + steps + ["" for _ in steps[1:]])

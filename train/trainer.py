@@ -513,7 +513,7 @@ class Trainer:
         ckpt.set_rng_state(rng, self.device)
         rec: dict[str, Any] = {"kind": "eval", "step": self.step}
         for t, r in res["tasks"].items():
-            for k in ("ne", "auc", "calibration", "oracle_ne"):
+            for k in ("ne", "ne_recalibrated", "auc", "calibration", "oracle_ne"):
                 if k in r:
                     rec[f"{k}/{t}"] = r[k]
         self._emit(rec)

@@ -13,7 +13,8 @@ from train.run_report import compare_runs, main, write_comparison
 def _run(tmp_path, name: str, click_ne: float, conv_ne: float | None = 0.87) -> str:
     d = tmp_path / name
     d.mkdir()
-    ev = {"click": {"ne": click_ne, "oracle_ne": 0.75, "auc": 0.8, "calibration": 1.0, "examples": 100.0}}
+    ev = {"click": {"ne": click_ne, "ne_recalibrated": click_ne - 0.01, "oracle_ne": 0.75, "auc": 0.8,
+                    "calibration": 1.0, "examples": 100.0}}
     if conv_ne is not None:
         ev["conversion"] = {"ne": conv_ne, "auc": 0.7, "calibration": 0.99, "examples": 20.0}
     (d / "summary.json").write_text(json.dumps({"name": name, "steps": 500, "eval": ev}))
@@ -27,6 +28,8 @@ def test_side_by_side_ne_with_change_against_the_first_run(tmp_path, capsys):
     assert comp.head == ["task", "metric", "full", "block", "NE vs full: block"]
     ne = next(r for r in comp.rows if r[:2] == ["click", "ne"])
     assert ne[2:] == [0.80, 0.82, "+2.500%"]
+    recal = next(r for r in comp.rows if r[:2] == ["click", "ne recalibrated"])
+    assert recal[4] == "+2.532%" and recal[2] == 0.79  # against the first run's own recalibrated NE
     assert not any(r[0] == "conversion" for r in comp.rows)
     assert "| click | ne | 0.8000 | 0.8200 | +2.500% |" in comp.markdown().splitlines()
     page = write_comparison([full, block], tmp_path / "cmp.html")

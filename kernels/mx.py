@@ -456,14 +456,29 @@ def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3",
 
 
 def _tensorwise_triton(x: torch.Tensor, row: bool, col: bool, fmt: str, col_sums: bool,
-                       delayed: DelayedScale | None) -> tuple:
+                       delayed: DelayedScale | None, act: int = 0, act_input: torch.Tensor | None = None) -> tuple:
     from kernels import mx_triton_tensorwise
 
     if delayed is None:
         return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums)
     return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums, history=delayed.history,
                                                     step=delayed.step, window=delayed.window,
-                                                    use_history=delayed.use_history)
+                                                    use_history=delayed.use_history, act=act, act_input=act_input)
+
+
+# Activations a tensorwise cast can apply to what it reads (kernel code): the GELU (exact, erf) of x, and the
+# GELU's input gradient x * gelu'(u), x being the gradient of its output and u its input.
+CAST_ACTIVATIONS = {"gelu": 1, "gelu_backward": 2}
+
+
+def apply_cast_activation(x: torch.Tensor, act: str, act_input: torch.Tensor | None = None) -> torch.Tensor:
+    """What a cast with ``act`` quantizes, computed by torch (the reference, and the path without the fused
+    pass): ``gelu(x)`` or ``gelu_backward(x, act_input)``, in x's dtype as ``nn.GELU`` computes them."""
+    if act == "gelu":
+        return torch.nn.functional.gelu(x)
+    if act == "gelu_backward":
+        return torch.ops.aten.gelu_backward(x, act_input)
+    raise MXFormatError(f"cast activation must be one of {list(CAST_ACTIVATIONS)}, got {act!r}")
 
 
 def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backend: str = "auto",
@@ -482,10 +497,27 @@ def quantize_tensorwise(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3", backe
 
 
 def quantize_tensorwise_both(x: torch.Tensor, fmt: str = "e4m3", backend: str = "auto", col_sums: bool = False,
-                             delayed: DelayedScale | None = None) -> tuple:
+                             delayed: DelayedScale | None = None, act: str | None = None,
+                             act_input: torch.Tensor | None = None) -> tuple:
     """Both tensorwise layouts (``x`` and ``x.T``, one shared scale); Triton: one pass that reads ``x`` once and
     writes both layouts, after an amax pass (current scaling) or alone (delayed scaling with history). With
-    ``col_sums`` a third item holds ``x.sum(0)`` in fp32."""
+    ``col_sums`` a third item holds ``x.sum(0)`` in fp32.
+
+    ``act`` (``CAST_ACTIVATIONS``): quantize ``apply_cast_activation(x, act, act_input)`` instead of x (its
+    sums, its amax). The Triton pass computes it as it reads (no activation tensor written or read again) where
+    it runs alone (delayed scaling with history); otherwise torch computes it first."""
+    if act is not None:
+        fused = (delayed is not None and delayed.use_history and x.is_contiguous()
+                 and (act_input is None or act_input.is_contiguous())
+                 and _pick_backend(backend, x, "quantize_tensorwise_both") != "ref")
+        if not fused:
+            return quantize_tensorwise_both(apply_cast_activation(x, act, act_input), fmt, backend, col_sums, delayed)
+        _check_2d(x, "quantize_tensorwise_both")
+        _fmt(fmt, "quantize_tensorwise_both")
+        if act not in CAST_ACTIVATIONS:
+            raise MXFormatError(f"cast activation must be one of {list(CAST_ACTIVATIONS)}, got {act!r}")
+        rows, cols, *sums = _tensorwise_triton(x, True, True, fmt, col_sums, delayed, CAST_ACTIVATIONS[act], act_input)
+        return (ScaledTensor(*rows, "tensorwise"), ScaledTensor(*cols, "tensorwise"), *sums)
     if _pick_backend(backend, x, "quantize_tensorwise_both") == "ref":
         out = (quantize_tensorwise_ref(x, 1, fmt, delayed), quantize_tensorwise_ref(x, 0, fmt, delayed))
         return out + (x.float().sum(0),) if col_sums else out

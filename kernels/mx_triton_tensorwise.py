@@ -35,6 +35,11 @@ TENSORWISE_CAST_PROGRAMS = 4224
 # 65536x4096 bf16 in 0.359-0.361 ms (72% of copy), 0.400-0.404 (64%) at the cast's own tiles.
 TENSORWISE_COLSUM_TILES: tuple[int, int, int] = (64, 64, 4)
 TENSORWISE_COLSUM_PROGRAMS = 2112
+# The recording casts that compute the GELU (or its backward) as they read (``act``): an erf and an exp per element
+# make them instruction-bound, and 8 warps on 32x128 tiles hide that best of 6 tiles on an H100 (65536x4096 bf16,
+# both layouts: GELU 0.531 ms against 0.622 at the cast's own tiles; GELU backward + sums 0.795 against 1.013 at
+# the column-sum tiles; benchmarks/fp8_mlp.py casts, RESULTS.md 2026-12-06).
+TENSORWISE_ACT_TILES: tuple[int, int, int] = (32, 128, 8)
 TENSORWISE_PAD = 16  # keep equal to kernels.mx.TENSORWISE_PAD
 _FMT = {"e4m3": (0, 448.0, 8), "e5m2": (1, 57344.0, 15)}
 _DUMMIES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -93,12 +98,31 @@ def _amax_all_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, ROW_STEP, cs_ptr, scs,
 
 
 @triton.jit
-def _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
+def _gelu_prologue(x, u_ptr, offs, ok, ACT: tl.constexpr):
+    """The tensor the cast quantizes, from what it read: ``gelu(x)`` (ACT 1) or ``x * gelu'(u)`` (ACT 2, x = dh,
+    the gradient of the GELU's output), in fp32 with torch's formulas (exact erf GELU), rounded to the input's
+    dtype as ``nn.GELU`` and its backward write it."""
+    if ACT == 1:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    else:
+        u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * u * u) * 0.3989422804014327
+        x = x * (cdf + u * pdf)
+    return x.to(u_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP, u_ptr,
                ROW: tl.constexpr, COL: tl.constexpr, E5M2: tl.constexpr, FMAX: tl.constexpr,
-               NAN_ELEMENTS: tl.constexpr):
-    """Cast one [TR, TC] tile (rows rr, columns cc) and store its codes; returns (x in fp32, |x| bits)."""
-    x = tl.load(x_ptr + rr[:, None] * sxr + cc[None, :] * sxc, mask=(rr[:, None] < R) & (cc[None, :] < C),
-                other=0.0).to(tl.float32)
+               NAN_ELEMENTS: tl.constexpr, ACT: tl.constexpr = 0):
+    """Cast one [TR, TC] tile (rows rr, columns cc) and store its codes; returns (x in fp32, |x| bits).
+    ``ACT``: cast the GELU of what it read (1) or the GELU's input gradient (2, see ``_gelu_prologue``)."""
+    offs = rr[:, None] * sxr + cc[None, :] * sxc
+    ok = (rr[:, None] < R) & (cc[None, :] < C)
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if ACT != 0:
+        x = _gelu_prologue(x, u_ptr, offs, ok, ACT)
     ab = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     # fp32 inputs keep the integer encoder: the cvt's codes of an fp32 tile came out wrong on the GPU (Triton 3.6,
     # an H200); 16-bit inputs, what the layers cast, were right bit for bit
@@ -133,12 +157,12 @@ def _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, 
 
 @triton.jit(do_not_specialize=["STEP"])
 def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
-                            hist_ptr, STEP, cs_ptr, scs, NR, ROW_STEP,
+                            hist_ptr, STEP, cs_ptr, scs, NR, ROW_STEP, u_ptr,
                             TR: tl.constexpr, TC: tl.constexpr, ROW: tl.constexpr, COL: tl.constexpr,
                             E5M2: tl.constexpr, FMAX: tl.constexpr, EMAX: tl.constexpr,
                             DELAYED: tl.constexpr, RECORD: tl.constexpr, NSLOT: tl.constexpr,
                             NSLOT_P2: tl.constexpr, WINDOW: tl.constexpr, COLSUM: tl.constexpr,
-                            LOOP: tl.constexpr):
+                            LOOP: tl.constexpr, ACT: tl.constexpr = 0):
     """Codes of x into q [R, CP] (ROW) and into the transposed qt [C, RP] (COL), one read of x; padding
     rows/columns get code 0. Program (0, 0) writes the scale.
 
@@ -149,7 +173,8 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
     COLSUM: fp32 column sums into ``cs[pid_r, cols]`` (summed over pid_r by the caller).
     LOOP: each program walks row tiles pid_r, pid_r + ROW_STEP, ... (below NR) and keeps the amax and the
     column sums in registers, so the reductions and the atomic happen once per program, not once per tile;
-    otherwise one tile per program."""
+    otherwise one tile per program. ACT (1: GELU of x, 2: x * GELU'(u), u in ``u_ptr`` laid out as x; DELAYED
+    only, the amax being that of the activated tensor): the codes, amax and sums are those of the activated x."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     if DELAYED:
@@ -167,8 +192,8 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
         csum = tl.zeros((TR, TC), dtype=tl.float32)
         for r0 in range(pid_r * TR, NR, ROW_STEP * TR):
             rr = (r0 + tl.arange(0, TR)).to(tl.int64)
-            x, ab = _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
-                               ROW, COL, E5M2, FMAX, DELAYED)
+            x, ab = _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP, u_ptr,
+                               ROW, COL, E5M2, FMAX, DELAYED, ACT)
             if RECORD:
                 acc = tl.maximum(acc, ab)
             if COLSUM:
@@ -181,8 +206,8 @@ def _tensorwise_cast_kernel(x_ptr, R, C, sxr, sxc, amax_ptr, scale_ptr, q_ptr, s
             tl.store(cs_ptr + pid_r * scs + cc, tl.sum(csum, axis=0), mask=cc < C)
     else:  # current scaling: one tile per program (RECORD and COLSUM need LOOP)
         rr = (pid_r * TR + tl.arange(0, TR)).to(tl.int64)
-        _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP,
-                   ROW, COL, E5M2, FMAX, DELAYED)
+        _cast_tile(x_ptr, rr, cc, R, C, sxr, sxc, inv, bad, q_ptr, sqr, CP, qt_ptr, sqtr, RP, u_ptr,
+                   ROW, COL, E5M2, FMAX, DELAYED, ACT)
 
 
 def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
@@ -210,7 +235,8 @@ def tensorwise_amax(x: torch.Tensor, tiles: tuple[int, int, int] | None = None,
 def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
                         tiles: tuple[int, int, int] | None = None, col_sums: bool = False,
                         history: torch.Tensor | None = None, step: int = 0, window: int = 0,
-                        use_history: bool = False, row_step: int | None = None):
+                        use_history: bool = False, row_step: int | None = None, act: int = 0,
+                        act_input: torch.Tensor | None = None):
     """Tensorwise quantize. Returns ((q [R, Cp], scale [], (R, C)) | None, (qt [C, Rp], scale [], (C, R)) | None),
     Cp/Rp rounded up to 16 (zero padding); with ``col_sums`` a third item, the fp32 column sums of ``x``
     (summed by the pass that reads ``x`` first).
@@ -219,7 +245,11 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     ``step``; with ``use_history`` the scale comes from the ring (one pass over ``x``, no amax pass), else from
     an amax pass as in current scaling. A recording cast loops over row tiles (``row_step`` programs along the
     rows; default: about ``TENSORWISE_CAST_PROGRAMS`` in all on a GPU, ``TENSORWISE_COLSUM_PROGRAMS`` with
-    column sums, half the row tiles on CPU)."""
+    column sums, half the row tiles on CPU).
+
+    ``act`` (delayed scaling with history only: the one pass computes the activation): 1 quantizes ``gelu(x)``,
+    2 quantizes ``x * gelu'(act_input)`` (x the gradient of the GELU's output, ``act_input`` its input, same
+    shape and strides as x); both rounded to x's dtype first, as the unfused layers would hold them."""
     r, c = x.shape
     dev = x.device
     e5, fmax, emax = _FMT[fmt]
@@ -227,6 +257,11 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
     record = history is not None
     delayed = record and use_history
+    if act and not delayed:
+        raise ValueError("quantize_tensorwise: act needs delayed scaling with history (no amax pass to fuse into)")
+    if act == 2 and (act_input is None or act_input.shape != x.shape or act_input.stride() != x.stride()
+                     or act_input.dtype != x.dtype):
+        raise ValueError("quantize_tensorwise: act=2 needs act_input of x's shape, strides and dtype")
     sums = None
     if delayed:
         amax = _dummy(dev, torch.int32)
@@ -236,7 +271,7 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
         amax = tensorwise_amax(x)
     scale = torch.empty((), dtype=torch.float32, device=dev)
     cs_here = col_sums and delayed
-    tr, tc, nw = tiles or (TENSORWISE_COLSUM_TILES if cs_here else
+    tr, tc, nw = tiles or (TENSORWISE_ACT_TILES if act else TENSORWISE_COLSUM_TILES if cs_here else
                            TENSORWISE_DELAYED_TILES if record else TENSORWISE_TILES)
     dummy = _dummy(dev, torch.uint8)
     q = torch.empty(r, cp, dtype=torch.uint8, device=dev) if row else dummy
@@ -255,8 +290,9 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     triton_launch.run(_tensorwise_cast_kernel, (row_step, col_tiles),
         x, r, c, x.stride(0), x.stride(1), amax, scale, q, q.stride(0), cp, qt, qt.stride(0), rp,
         history if record else _dummy(dev, torch.int64), step, cs, cs.stride(0), nr, row_step,
+        act_input if act == 2 else x,
         TR=tr, TC=tc, ROW=row, COL=col, E5M2=bool(e5), FMAX=fmax, EMAX=emax, DELAYED=delayed, RECORD=record,
-        NSLOT=nslot, NSLOT_P2=_next_pow2(nslot), WINDOW=window, COLSUM=cs_here, LOOP=loop, num_warps=nw)
+        NSLOT=nslot, NSLOT_P2=_next_pow2(nslot), WINDOW=window, COLSUM=cs_here, LOOP=loop, ACT=act, num_warps=nw)
     if cs_here:
         sums = cs.sum(0)
     rows = (q.view(dt), scale, (r, c)) if row else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import fp8_mlp
+
 
 def linear_flops(layer: nn.Linear, tokens: int) -> int:
     """Forward FLOPs of a linear layer over ``tokens`` rows: ``2 * m * n * k``."""
@@ -45,6 +47,8 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, out or d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fp8_mlp.fusable(self.fc1, self.act, self.fc2):  # FP8 layers whose casts can take the GELU
+            return fp8_mlp.gelu_mlp(x, self.fc1, self.fc2)
         return self.fc2(self.act(self.fc1(x)))
 
     def flops(self, tokens: int) -> int:

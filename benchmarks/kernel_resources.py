@@ -99,7 +99,7 @@ def _sass_counts(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True).stdout
-    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "LDL", "STL", "BAR")}
+    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "LDL", "STL", "BAR", "MUFU")}
 
 
 def _launcher_builds(kernel) -> str:
@@ -166,8 +166,8 @@ def main(argv: list[str]) -> None:
     out.backward(torch.ones_like(out))
 
     print(f"sm_{ARCH}a, triton {triton.__version__}, {opts}")
-    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | QGMMA | LDL | STL | local_alloc (ttgir) | launcher |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | warps | stages | regs | spill st/ld B | smem B | HGMMA | QGMMA | MUFU | LDL | STL | local_alloc (ttgir) | launcher |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in compiled:
         if c is None:
             continue
@@ -176,7 +176,7 @@ def main(argv: list[str]) -> None:
         sass = _sass_counts(c.asm["cubin"])
         allocs = len(re.findall(r"ttg\.local_alloc", c.asm["ttgir"]))
         print(f"| {md.name} | {md.num_warps} | {md.num_stages} | {res['regs']} | {res['spill']} | {md.shared} | "
-              f"{sass['HGMMA']} | {sass['QGMMA']} | {sass['LDL']} | {sass['STL']} | {allocs} | {_launcher_builds(c)} |")
+              f"{sass['HGMMA']} | {sass['QGMMA']} | {sass['MUFU']} | {sass['LDL']} | {sass['STL']} | {allocs} | {_launcher_builds(c)} |")
         dump = os.environ.get("KERNEL_RESOURCES_DUMP")
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)

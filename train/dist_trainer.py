@@ -469,9 +469,10 @@ def fit_distributed(tr) -> dict:
     if c.eval.at_end and c.data.eval_url:
         last_eval = evaluate_distributed(tr, pz, info, autocast)
         if main:
+            from train.metrics import EVAL_RECORD_KEYS
+
             tr._emit({"kind": "eval", "step": tr.step, **{f"{k}/{t}": v for t, r in last_eval["tasks"].items()
-                                                          for k, v in r.items() if k in ("ne", "ne_recalibrated", "auc",
-                                                                                         "calibration", "oracle_ne")}})
+                                                          for k, v in r.items() if k in EVAL_RECORD_KEYS}})
     summary = tr._summary(last_eval, time.perf_counter() - t_start)
     summary.update(world_size=info.world_size, examples_per_s_global=_global_rate(tr))
     if pz.plan_text:

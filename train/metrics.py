@@ -8,6 +8,10 @@ examples are the rows where its label is observed (`label_mask`), weighted by `w
 other half of the examples (two folds, by position): the part of NE a model's overall calibration offset
 does not explain. Two training runs that learn the same ranking but end with different offsets (short runs
 do) differ in NE and much less in it.
+
+``ne_expected`` (where the data carries each row's true probability, as the synthetic data does) is the NE
+with every label replaced by its true probability: the expected NE over the labels' coin flips, so two models
+compared on the same rows differ in it by what they predict, not by how the held-out labels happened to fall.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from torchrec.metrics.calibration import compute_calibration, get_calibration_st
 from torchrec.metrics.ne import compute_logloss, compute_ne, get_ne_states
 
 ETA = 1e-12
+# NE and the two readings of it above; with AUC, calibration and the oracle's NE, what an eval record holds.
+NE_KINDS = ("ne", "ne_recalibrated", "ne_expected")
+EVAL_RECORD_KEYS = (*NE_KINDS, "auc", "calibration", "oracle_ne")
 
 
 @dataclass
@@ -35,6 +42,9 @@ class _TaskState:
     weights: list[torch.Tensor] = field(default_factory=list)
     oracle_ce_sum: float = 0.0
     has_oracle: bool = False
+    expected_ce_sum: float = 0.0  # the model's predictions against the true probabilities (soft labels)
+    expected_pos: float = 0.0
+    expected_neg: float = 0.0
 
 
 class TaskMetrics:
@@ -72,6 +82,10 @@ class TaskMetrics:
             if oracle is not None and t in oracle:
                 op = oracle[t].detach().float().cpu()
                 s.oracle_ce_sum += float(get_ne_states(y, op, wt, ETA)["cross_entropy_sum"])
+                soft = get_ne_states(op, p, wt, ETA)
+                s.expected_ce_sum += float(soft["cross_entropy_sum"])
+                s.expected_pos += float(soft["pos_labels"])
+                s.expected_neg += float(soft["neg_labels"])
                 s.has_oracle = True
             if store:
                 keep = wt > 0
@@ -81,12 +95,14 @@ class TaskMetrics:
         if store:
             self._auc_examples += int(probs.shape[0])
 
-    def _ne(self, s: _TaskState, ce_sum: float) -> float:
+    def _ne(self, s: _TaskState, ce_sum: float, pos: float | None = None, neg: float | None = None) -> float:
         t = lambda x: torch.tensor(x, dtype=torch.float64)
-        return float(compute_ne(t(ce_sum), t(s.weighted_num_samples), t(s.pos_labels), t(s.neg_labels), ETA))
+        pos, neg = (s.pos_labels, s.neg_labels) if pos is None else (pos, neg)
+        return float(compute_ne(t(ce_sum), t(s.weighted_num_samples), t(pos), t(neg), ETA))
 
     def compute(self) -> dict[str, dict[str, float]]:
-        """task -> {ne, logloss, auc, calibration, examples, positives[, oracle_ne]} (NaN where undefined)."""
+        """task -> {ne, logloss, auc, calibration, examples, positives[, oracle_ne, ne_expected,
+        ne_recalibrated]} (NaN where undefined)."""
         out: dict[str, dict[str, float]] = {}
         t = lambda x: torch.tensor(x, dtype=torch.float64)
         for name, s in self._s.items():
@@ -100,6 +116,7 @@ class TaskMetrics:
             r["calibration"] = float(compute_calibration(t(s.calibration_num), t(s.calibration_denom)))
             if s.has_oracle:
                 r["oracle_ne"] = self._ne(s, s.oracle_ce_sum)
+                r["ne_expected"] = self._ne(s, s.expected_ce_sum, s.expected_pos, s.expected_neg)
             if s.preds:
                 p, y, w = torch.cat(s.preds), torch.cat(s.labels), torch.cat(s.weights)
                 r["auc"] = float(compute_auc(1, [p.view(1, -1)], [y.view(1, -1)], [w.view(1, -1)])[0])

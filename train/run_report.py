@@ -202,6 +202,8 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
     if len(run_dirs) < 2:
         raise GemtrainError(f"compare needs at least two run folders, got {len(run_dirs)}")
     names = names or [Path(d).name for d in run_dirs]
+    from train.metrics import NE_KINDS
+
     summaries = [_summary(d) for d in run_dirs]
     tasks = [t for t in summaries[0]["eval"] if all(t in s["eval"] for s in summaries)]
     if not tasks:
@@ -210,12 +212,12 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
     rows: list[list[Any]] = []
     for t in tasks:
         evals = [s["eval"][t] for s in summaries]
-        for metric in ("ne", "ne_recalibrated", "oracle_ne", "auc", "calibration"):
+        for metric in (*NE_KINDS, "oracle_ne", "auc", "calibration"):
             vals = [float(e.get(metric, float("nan"))) for e in evals]
             if all(math.isnan(v) for v in vals):
                 continue
             base = vals[0]
-            deltas = [f"{100 * (v / base - 1):+.3f}%" if metric in ("ne", "ne_recalibrated") and base else ""
+            deltas = [f"{100 * (v / base - 1):+.3f}%" if metric in NE_KINDS and base else ""
                       for v in vals[1:]]
             rows.append([t, metric.replace("_", " ")] + vals + deltas)
     steps = [s.get("steps") for s in summaries]

@@ -45,7 +45,7 @@ from train.compile import compile_for_run
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
 from train.distributed import is_distributed
-from train.metrics import TaskMetrics
+from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.precision import apply_config_policy
 
 
@@ -513,7 +513,7 @@ class Trainer:
         ckpt.set_rng_state(rng, self.device)
         rec: dict[str, Any] = {"kind": "eval", "step": self.step}
         for t, r in res["tasks"].items():
-            for k in ("ne", "ne_recalibrated", "auc", "calibration", "oracle_ne"):
+            for k in EVAL_RECORD_KEYS:
                 if k in r:
                     rec[f"{k}/{t}"] = r[k]
         self._emit(rec)

@@ -32,7 +32,7 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     for name, s in res.items():
         assert s["steps"] == 3 and s["eval_rows"] > 0, name
         assert all(math.isfinite(s["eval"][t][m]) for t in ("click", "conversion")
-                   for m in ("ne", "ne_recalibrated")), name
+                   for m in ("ne", "ne_recalibrated", "ne_expected")), name
     diffs = mod.max_rel_diff(res)
     assert diffs["bf16 (repeat)"] == 0.0  # same seed, data and steps: CPU runs are deterministic
     assert 0.0 < diffs["tensorwise"] < 0.05  # emulated FP8 changes the numbers, not the model
@@ -42,7 +42,7 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     assert res["fp8 attention kernel fwd+bwd"]["eval"] != res["fp8 attention kernel"]["eval"]
     table = capsys.readouterr().out
     assert "| tensorwise |" in table and "rel. diff" in table and "FAILED" not in table
-    assert "click recal. NE" in table
+    assert "click recalibrated NE" in table and "conversion expected NE" in table
 
 
 def test_variant_overrides_put_the_policy_in_the_precision_section():

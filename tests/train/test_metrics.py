@@ -55,3 +55,27 @@ def test_recalibration_is_fitted_out_of_fold():
     out_of_fold = -(0.8 * math.log2(0.2) + 0.2 * math.log2(0.8)) / h(0.5)  # each fold predicted at the other's rate
     assert abs(ne - out_of_fold) < 1e-6
     assert ne > h(0.8) / h(0.5) * 2  # far above what an in-sample fit (each fold at its own rate) would give
+
+
+def test_expected_ne_scores_predictions_against_true_probabilities_not_label_draws():
+    g = torch.Generator().manual_seed(3)
+    n = 5000
+    p_true = torch.sigmoid(torch.randn(n, generator=g, dtype=torch.float64) * 1.5 - 1.5)
+    model = torch.sigmoid(torch.logit(p_true) + 0.3 * torch.randn(n, generator=g, dtype=torch.float64))
+    ones = torch.ones(n, 1)
+    runs = []
+    for seed in (0, 1):  # two draws of the labels from the same probabilities
+        y = (torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) < p_true).float()
+        m = TaskMetrics(["t"])
+        m.update(model.float().unsqueeze(1), y.unsqueeze(1), ones, ones, oracle={"t": p_true.float()})
+        runs.append(m.compute()["t"])
+    assert abs(runs[0]["ne"] / runs[1]["ne"] - 1) > 1e-3  # the coin flips move NE
+    assert runs[0]["ne_expected"] == runs[1]["ne_expected"]  # and not the expected NE
+    # its definition: cross-entropy of the predictions against the true probabilities, over the entropy of
+    # their mean (torchrec's NE with soft labels)
+    pt, q = p_true.float().double(), model.float().double()
+    h = lambda a, b: -(a * torch.log2(b) + (1 - a) * torch.log2(1 - b))
+    rate = pt.mean()
+    assert abs(runs[0]["ne_expected"] - float(h(pt, q).sum() / (n * h(rate, rate)))) < 1e-6
+    # the true probabilities themselves score the least
+    assert runs[0]["ne_expected"] > float(h(pt, pt).sum() / (n * h(rate, rate)))

@@ -30,11 +30,15 @@ def test_tiny_model_learns_and_the_no_history_switch_applies(tiny_cfg, tmp_path)
         click = s["eval"]["click"]
         assert click["oracle_ne"] < click["ne"] < 0.99, click
         assert click["auc"] > 0.6 and s["eval_rows"] == 3000
+        assert 0 < click["ne_expected"] < 0.99, click  # scored against the rows' true probabilities
     assert with_h["use_history"] is True and without["use_history"] is False
     # the no-history model has fewer dense parameters: cross attention and the summary are gone
     n = lambda tr: sum(p.numel() for p in tr.dense_params)
     assert n(tr_nh) < n(tr_h)
     assert (tmp_path / "h" / "summary.json").is_file()
+    evals = [json.loads(ln) for ln in (tmp_path / "h" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["kind"] == "eval"]
+    assert evals and evals[-1]["ne_expected/click"] == with_h["eval"]["click"]["ne_expected"]
     assert with_h["steps"] == 250 and with_h["examples_per_s"] > 0 and with_h["events_per_s"] > 0
     assert without["events"] > 0  # the batches still carried histories; the model ignored them
     # the planted history signal is learned: clearly better than the same model without the history

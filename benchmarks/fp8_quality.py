@@ -4,6 +4,7 @@
                                                   [--gpu-after 1:/tmp/bench.done] [--deadline 250]
     PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
     PYTHONPATH=. python benchmarks/fp8_quality.py --seeds 0,1,2 --variants tensorwise --parallel 6 --gpus 0,1
+    PYTHONPATH=. python benchmarks/fp8_quality.py --pool benchmarks/quality/*.json   # tables over saved runs
 
 Every variant is one `train.trainer.Trainer` run of the same config (``configs/gem_medium.yaml`` on the GPU),
 same seed, data and steps; only the run config's ``precision:`` section differs. The table holds the
@@ -17,6 +18,10 @@ ceil(parallel / number of GPUs) on one GPU; ``--gpu-after 1:FILE`` keeps GPU 1 f
 benchmark can use it first); the synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
 process with ``emulate: true`` (quantize -> dequantize reference of every recipe, FP8 attention's reference)
 on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
+
+``--pool a.json b.json`` trains nothing and prints the seed tables over the paired runs of earlier ``--json``
+files (each run paired with the bf16 run of its own file and seed): the device time of one session trains a
+few seed pairs, so the runs kept in ``benchmarks/quality/`` add up across sessions.
 
 ``--seeds 0,1,2`` trains every variant once per seed (``train.seed``: model init and batch order; the data
 stays the same) and compares each run with the bf16 run of its own seed. Short runs are chaotic (any
@@ -219,6 +224,35 @@ def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: 
     return rows
 
 
+def pool(result_sets: list[dict[str, dict | None]]) -> dict[str, dict | None]:
+    """Several runs' results (``--json`` files) as one, for the seed tables: each set's seeds get numbers of
+    their own (seed s of set i becomes the i-th set's next free number), so every run stays paired with the
+    bf16 run of its own set and seed, and the tables pool the paired differences over all sets."""
+    out: dict[str, dict | None] = {}
+    base = 0
+    for results in result_sets:
+        seeds = sorted({sd for sd in (split_seed(r)[1] for r in results) if sd is not None})
+        renumber = {sd: base + i for i, sd in enumerate(seeds)}
+        for run, summary in results.items():
+            name, sd = split_seed(run)
+            if sd is None:
+                raise QualityError(f"fp8_quality: --pool needs runs with seeds (name{SEED_SEP}N), got {run!r}")
+            out[with_seed(name, renumber[sd])] = summary
+        base += len(seeds)
+    return out
+
+
+def pooled_tables(files: list[Path]) -> list[str]:
+    """The seed tables (every metric) over the paired runs of several ``--json`` files."""
+    sets = [json.loads(f.read_text()) for f in files]
+    results = pool(sets)
+    rows = [f"## Pooled over {len(files)} result files ({', '.join(f.name for f in files)}): "
+            f"{sum(1 for r in results if split_seed(r)[0] == 'bf16')} seeds"]
+    for metric, label in METRICS.items():
+        rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
+    return rows
+
+
 def max_rel_diff(results: dict[str, dict | None], baseline: str = "bf16") -> dict[str, float]:
     """Largest |relative NE difference| over the tasks, per variant (NaN where a run failed)."""
     out = {}
@@ -384,8 +418,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the summaries here")
     ap.add_argument("--deadline", type=float, default=None,
                     help="GPU: seconds after which unfinished runs are stopped (the table shows them as failed)")
+    ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="train nothing: the seed tables over the runs of these --json files (benchmarks/quality/)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
     args = ap.parse_args(argv)
+    if args.pool:
+        print("\n".join(pooled_tables(args.pool)))
+        return 0
     args.steps = args.steps or (6 if args.cpu else 200)
     tmp = None
     if args.run_root is None:

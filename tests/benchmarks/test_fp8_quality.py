@@ -99,3 +99,34 @@ def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
     assert recal["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"
     assert math.isclose(mod.rel_diff(res, "tensorwise seed=0", "click", metric="ne_recalibrated"), 1.0)
     assert math.isclose(mod.ne_of(res["bf16 seed=0"], "click", "ne_recalibrated"), 0.40)
+
+
+def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, capsys):
+    mod = _load()
+    ev = lambda click: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": 5}
+    # Both files hold seed 0; pooled, file a's FP8 run (+1%) must still meet file a's baseline, not file b's.
+    a = {"bf16 seed=0": ev(0.80), "tensorwise seed=0": ev(0.808)}
+    b = {"bf16 seed=0": ev(0.90), "tensorwise seed=0": ev(0.882), "bf16 seed=3": ev(0.70), "tensorwise seed=3": ev(0.70)}
+    pooled = mod.pool([a, b])
+    assert sorted(pooled) == sorted(mod.with_seed(n, s) for n in ("bf16", "tensorwise") for s in (0, 1, 2))
+    diffs = sorted(mod.rel_diff(pooled, mod.with_seed("tensorwise", s), "click") for s in (0, 1, 2))
+    assert [round(d, 9) for d in diffs] == [-2.0, 0.0, 1.0]
+    files = []
+    for name, res in (("a.json", a), ("b.json", b)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(res))
+    assert mod.main(["--pool", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| tensorwise |"))
+    assert row.split(" | ")[1:3] == ["3", "-0.333%"]  # three pairs: +1%, -2%, 0%
+    with pytest.raises(mod.QualityError, match="seeds"):
+        mod.pool([{"bf16": ev(0.8)}])
+
+
+def test_kept_quality_runs_pool():
+    mod = _load()
+    files = sorted((REPO / "benchmarks" / "quality").glob("*.json"))
+    assert files
+    rows = mod.pooled_tables(files)
+    tw = [r for r in rows if r.startswith("| tensorwise delayed |")]
+    assert len(tw) == len(mod.METRICS) and all(int(r.split(" | ")[1]) >= 10 for r in tw)

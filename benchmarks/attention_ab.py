@@ -1,13 +1,14 @@
 """A/B of attention kernels in one process: this tree's against older copies of kernel modules, alternating.
 
-    python benchmarks/attention_ab.py DIR [calls=5] [rounds=4] [cases=A,window] [base:NAME=VALUE ...]
+    python benchmarks/attention_ab.py DIR [calls=5] [rounds=4] [cases=A,window] [pass=bwd|fwd] [base:NAME=VALUE ...]
 
 ``DIR`` holds older versions of files of ``kernels/`` (for example ``git show OLD:kernels/attention_triton_bwd.py
 > DIR/attention_triton_bwd.py``); each is loaded as a module of its own beside the current package (its imports
 of other ``kernels`` modules resolve to this tree's), and every Triton kernel it defines under a name the op
 modules use replaces that kernel in the "base" arm. Each case times the backward alone (``torch.autograd.grad``
 on one forward's graph, ``calls`` back-to-back calls per CUDA-event timing) in ``rounds`` alternating rounds
-of base and new, after checking that both arms give the same gradients (relative L2 difference). The arms take
+of base and new, after checking that both arms give the same gradients (relative L2 difference); ``pass=fwd``
+times the forward alone instead (no autograd graph) and compares the outputs. The arms take
 turns going first (base-new, then new-base, ...): with identical kernels in both arms, the second arm of each
 round measured up to 3% slower on an H200 (batch A non-causal), an order effect this cancels over even rounds.
 ``cases`` keeps the cases whose names contain one of its parts. ``DIR`` may be ``-`` (no kernel swapped).
@@ -104,6 +105,24 @@ def _cases() -> dict[str, Callable[[], tuple]]:
             "A causal silu": lambda: batch_a(True, "silu"), "window W=256, L=4096": lambda: window(4096)}
 
 
+def _time_forward(name: str, arms: Arms, qkv: tuple, offs, kw: dict, rounds: int, calls: int) -> str:
+    """One table row: the forward alone in both arms, alternating, after comparing their outputs."""
+    q, k, v = (t.detach() for t in qkv)
+    outs, times = {}, {"base": [], "new": []}
+    with torch.no_grad():
+        for arm in ("base", "new"):
+            arms.use(arm)
+            outs[arm] = jagged_attention(q, k, v, offs, offs, **kw).float()
+        diff = float((outs["base"] - outs["new"]).norm() / outs["new"].norm())
+        for r in range(rounds):
+            for arm in ("base", "new") if r % 2 == 0 else ("new", "base"):
+                arms.use(arm)
+                times[arm].append(cuda_time(lambda: jagged_attention(q, k, v, offs, offs, **kw), calls=calls))
+    b, m = statistics.median(times["base"]), statistics.median(times["new"])
+    return (f"| {name} | {b:.3f} ({' / '.join(f'{t:.3f}' for t in times['base'])}) | "
+            f"{m:.3f} ({' / '.join(f'{t:.3f}' for t in times['new'])}) | {b / m:.2f}x | {diff:.1e} |")
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         sys.exit(__doc__)
@@ -116,7 +135,10 @@ def main(argv: list[str]) -> None:
     print("base kernels:", ", ".join(f"{m.__name__}.{n}" for m, n, *_ in arms.swaps) or "none", flush=True)
     print("base settings:", ", ".join(f"{m.__name__}.{n}={v!r}" for m, n, _, v in arms.settings) or "none",
           flush=True)
-    rows = ["| case | base bwd ms (rounds) | new bwd ms (rounds) | base / new | grad rel diff |", "|---|---|---|---|---|"]
+    fwd = opts.get("pass", "bwd") == "fwd"
+    what = "fwd" if fwd else "bwd"
+    rows = [f"| case | base {what} ms (rounds) | new {what} ms (rounds) | base / new | "
+            f"{'out' if fwd else 'grad'} rel diff |", "|---|---|---|---|---|"]
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, make in _cases().items():
         if not any(part in name for part in opts.get("cases", name).split(",")):
@@ -124,6 +146,10 @@ def main(argv: list[str]) -> None:
         n, H, D, offs, kw = make()
         q, k, v, do = (torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
+        if fwd:
+            rows.append(_time_forward(name, arms, (q, k, v), offs, kw, rounds, calls))
+            print(rows[-1], flush=True)
+            continue
         graphs, grads = {}, {}
         for arm in ("base", "new"):
             arms.use(arm)

@@ -64,11 +64,14 @@ def descriptor_hook(nargs: dict) -> None:
 def _configs() -> list[triton.Config]:
     if INTERPRET:
         return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=descriptor_hook)]
-    # Four warps: two programs share an SM and overlap one's softmax with the other's MMAs; eight warps on the same
+    # Four warps: programs share an SM and overlap one's softmax with the other's MMAs; eight warps on the same
     # tiles were 1.7-2.3x slower on an H200 (benchmarks/RESULTS.md, "FP8 attention on the bf16 kernel's design").
+    # The default's register cap of 136 (the compiler takes 147 without one; three programs per SM either way)
+    # ran the causal batch A forward 2% faster on an H100 ("A register cap for the FP8 attention forward").
     configs = [
-        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=descriptor_hook)
-        for bn, w, s in ((64, 4, 3), (128, 4, 2), (64, 4, 2), (32, 4, 3), (64, 8, 3), (128, 8, 2))
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=r, pre_hook=descriptor_hook)
+        for bn, w, s, r in ((64, 4, 3, 136), (128, 4, 2, None), (64, 4, 2, None), (32, 4, 3, None),
+                            (64, 8, 3, None), (128, 8, 2, None))
     ]
     # Without autotuning still two configs: Triton skips early_config_prune when given one, and the
     # 64-token scale blocks need BLOCK_N = 64 (_prune then keeps one, so nothing is benchmarked twice).

@@ -66,15 +66,17 @@ def _configs() -> list[triton.Config]:
         return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=descriptor_hook)]
     # Four warps: programs share an SM and overlap one's softmax with the other's MMAs; eight warps on the same
     # tiles were 1.7-2.3x slower on an H200 (benchmarks/RESULTS.md, "FP8 attention on the bf16 kernel's design").
-    # The default's register cap of 136 (the compiler takes 147 without one; three programs per SM either way)
-    # ran the causal batch A forward 2% faster on an H100 ("A register cap for the FP8 attention forward").
+    # The first two are the default with and without a register cap of 136: plain softmax (no bias tables) takes
+    # the cap, which ran the causal batch A forward 2% faster on an H100 (the compiler takes 147 without one;
+    # three programs per SM either way: "A register cap for the FP8 attention forward"); the bias tables and the
+    # pointwise activations need more registers and were not measured with it.
     configs = [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=r, pre_hook=descriptor_hook)
-        for bn, w, s, r in ((64, 4, 3, 136), (128, 4, 2, None), (64, 4, 2, None), (32, 4, 3, None),
-                            (64, 8, 3, None), (128, 8, 2, None))
+        for bn, w, s, r in ((64, 4, 3, 136), (64, 4, 3, None), (128, 4, 2, None), (64, 4, 2, None),
+                            (32, 4, 3, None), (64, 8, 3, None), (128, 8, 2, None))
     ]
-    # Without autotuning still two configs: Triton skips early_config_prune when given one, and the
-    # 64-token scale blocks need BLOCK_N = 64 (_prune then keeps one, so nothing is benchmarked twice).
+    # Without autotuning still two configs: Triton skips early_config_prune when given one (_prune then keeps
+    # one, so nothing is benchmarked twice).
     return configs if AUTOTUNE else configs[:2]
 
 
@@ -82,12 +84,16 @@ _smem = smem_prune("BLOCK_N", "BLOCK_M")
 
 
 def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
-    """KV tiles must not straddle a V scale block (``BLOCK_N`` divides ``QUANT_BLOCK``)."""
+    """KV tiles must not straddle a V scale block (``BLOCK_N`` divides ``QUANT_BLOCK``); without autotuning
+    the default, with its register cap for plain softmax only (``_configs``)."""
     qb = kwargs["QUANT_BLOCK"]
     keep = [c for c in configs if qb % c.kwargs["BLOCK_N"] == 0]
     fallback = triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2, pre_hook=descriptor_hook)
     keep = _smem(keep or [fallback], nargs, **kwargs)
-    return keep if AUTOTUNE else keep[:1]
+    if AUTOTUNE:
+        return keep
+    plain = kwargs.get("ACT", 0) == 0 and not kwargs.get("HAS_POS") and not kwargs.get("HAS_TIME")
+    return [next((c for c in keep if (c.maxnreg is not None) == plain), keep[0])]
 
 
 @triton.jit

@@ -65,6 +65,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},
+    "mxfp8 ceil (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
+                                     "mx_on_hopper": "emulate", "mx_scale": "ceil"},
     "fp8 attention kernel": {"attention_kernel": "fp8"},
     "fp8 attention kernel fwd+bwd": {"attention_kernel": "fp8_fwd_bwd"},
     "fp8 qkv projection route": {"attention_kernel": "fp8_qkv"},

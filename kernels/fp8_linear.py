@@ -26,6 +26,10 @@ tensorwise one scale per tensor (an amax pass, then one ``torch._scaled_mm`` Ten
 bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ========== ============================================ =============================================
 
+``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
+448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still
+MX data, nothing clipped; :mod:`kernels.mx`).
+
 ``wgrad`` picks the weight-gradient precision: ``"recipe"`` (same as the layer), ``"bf16"`` or
 ``"fp32"`` (high precision: the input is kept for the backward instead of its FP8 copy).
 ``blockwise_wgrad="128x128"`` quantizes the saved input in 128x128 tiles, so the blockwise weight-gradient
@@ -92,6 +96,7 @@ class Fp8Config:
     wgrad: str = "recipe"
     emulate: bool = False
     mx_on_hopper: str = "emulate"
+    mx_scale: str = "floor"  # mxfp8: the E8M0 scale rule, "floor" (OCP spec) or "ceil" (nothing saturates)
     blockwise_wgrad: str = "1x128"  # blocks of the saved input in the blockwise weight gradient
     grad_format: str = "e5m2"  # tensorwise: element format of dY (one scale spans the whole tensor)
     scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
@@ -118,6 +123,8 @@ class Fp8Config:
             raise Fp8LinearError(f"Fp8Config.recipe must be one of {RECIPES}, got {self.recipe!r}")
         if self.wgrad not in WGRAD_PRECISIONS:
             raise Fp8LinearError(f"Fp8Config.wgrad must be one of {WGRAD_PRECISIONS}, got {self.wgrad!r}")
+        if self.mx_scale not in mx.MX_SCALE_RULES:
+            raise Fp8LinearError(f"Fp8Config.mx_scale must be one of {mx.MX_SCALE_RULES}, got {self.mx_scale!r}")
         if self.mx_on_hopper not in MX_ON_HOPPER:
             raise Fp8LinearError(
                 f"Fp8Config.mx_on_hopper must be one of {MX_ON_HOPPER}, got {self.mx_on_hopper!r}")
@@ -135,6 +142,7 @@ class _Plan:
     backend: str  # quantizer backend
     x_tiles: bool = False  # blockwise: 128x128 tiles for the input in the weight gradient
     grad_format: str = "e5m2"  # tensorwise: format of dY
+    mx_scale: str = "floor"  # mxfp8: E8M0 scale rule
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
@@ -144,7 +152,7 @@ class _Plan:
             p = _Plan._make(cfg, x, where)
             tiles = p.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
             plan = _PLANS[key] = _Plan(p.recipe, p.native, p.mx_hopper, p.backend, x_tiles=tiles,
-                                       grad_format=cfg.grad_format)
+                                       grad_format=cfg.grad_format, mx_scale=cfg.mx_scale)
         return plan
 
     @staticmethod
@@ -190,7 +198,7 @@ class _Plan:
         if self.recipe == "bf16":
             return (x if axis == 1 else x.t()).to(torch.bfloat16)
         if self.recipe == "mxfp8":
-            return mx.mx_quantize(x, axis, backend=self.backend)
+            return mx.mx_quantize(x, axis, backend=self.backend, scale_rule=self.mx_scale)
         if self.recipe == "blockwise":
             return mx.quantize_1x128(x, axis, backend=self.backend)
         if self.recipe == "tensorwise":
@@ -203,7 +211,7 @@ class _Plan:
         if saved_input and self.x_tiles:  # (1x128, 128x128) wgrad GEMM runs faster than (1x128, 1x128)
             return self.act(x, 1), mx.quantize_128x128(x, backend=self.backend)[1]
         if self.recipe == "mxfp8":
-            return mx.mx_quantize_both(x, backend=self.backend, col_sums=col_sums)
+            return mx.mx_quantize_both(x, backend=self.backend, col_sums=col_sums, scale_rule=self.mx_scale)
         if self.recipe == "blockwise":
             return mx.quantize_1x128_both(x, backend=self.backend, col_sums=col_sums)
         if self.recipe == "tensorwise":

@@ -9,6 +9,11 @@ Formats (all elements are ``torch.float8_e4m3fn``; max normal 448):
   (448, 512) of the scaled block clamp to 448: the spec's saturating conversion). Scale exponents
   below -127 clamp to -127. A block holding NaN or +-Inf gets the NaN scale (255) and NaN elements
   (0x7F), so it decodes to NaN, as the spec says for a NaN scale.
+  ``scale_rule="ceil"`` keeps the format (E8M0 scales, e4m3 elements, 32-blocks) but rounds the scale exponent
+  up where the floor rule would saturate (a block max whose mantissa exceeds E4M3's 1.75): ``X =
+  2**ceil(log2(amax / 448))``, as the Hopper recipes below, so nothing saturates. The spec's floor rule clips a
+  block's largest values by up to 12.5%; in training that costs measurable held-out NE (benchmarks/RESULTS.md,
+  MX scale rule), the ceil rule about as much as the other FP8 recipes.
 * **Hopper recipes** (fp32 scales, laid out as ``torch.nn.functional.scaled_mm`` reads them):
   ``1x128`` blocks (activations and gradients), ``128x128`` tiles (weights), ``rowwise`` and ``tensorwise``
   (one scale per tensor; gradients may use e5m2, whose wider range suits one scale over a whole tensor). Their
@@ -42,6 +47,10 @@ HOPPER_BLOCK = 128
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 E8M0_NAN = 255
+MX_SCALE_RULES = ("floor", "ceil")  # "floor": the OCP spec's rule (saturating); "ceil": nothing saturates
+# Scale encodings the quantizer kernels take (their E8M0 argument): fp32 powers of two (ceil), or E8M0 bytes
+# with the floor or the ceil rule. True/False read as E8M0 floor / fp32.
+SCALE_FP32, SCALE_E8M0_FLOOR, SCALE_E8M0_CEIL = 0, 1, 2
 _NAN_CODE = 0x7F  # e4m3fn NaN (positive)
 _BACKENDS = ("auto", "ref", "triton")
 
@@ -121,30 +130,39 @@ def _f32_from_bits(bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: bool, emax: int = 8
+def _mx_code(scale_rule: str, where: str) -> int:
+    if scale_rule not in MX_SCALE_RULES:
+        raise MXFormatError(f"{where}: scale_rule must be one of {MX_SCALE_RULES}, got {scale_rule!r}")
+    return SCALE_E8M0_CEIL if scale_rule == "ceil" else SCALE_E8M0_FLOOR
+
+
+def _scale_bits_ref(amax_bits: torch.Tensor, e8m0: int, emax: int = 8
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From |x| max (as fp32 bits) -> (inverse-scale fp32 bits, stored scale, non-finite mask).
 
-    Stored scale: the E8M0 byte (e8m0) or the fp32 bits of the power-of-two scale (pow2-ceil).
+    ``e8m0``: one of the SCALE_* encodings. Stored scale: the E8M0 byte (floor or ceil rule) or the fp32 bits
+    of the power-of-two scale (pow2-ceil).
     ``emax``: exponent of the element format's largest power of two (e4m3 8: 448 = 1.75 * 2^8; e5m2 15:
     57344 = 1.75 * 2^15); both maxima have mantissa 1.75, so the ceil rule below fits both.
     """
     e = amax_bits >> 23  # biased exponent; sign bit already cleared
     bad = e == 255
+    mant = amax_bits & 0x7FFFFF
+    carry = (mant > 0x600000).to(torch.int32)  # amax's mantissa above fmt_max's 1.75: one more power of two
     if e8m0:
-        s = torch.clamp(e - 8, min=0)  # floor(log2 amax) - emax(e4m3)=8, clamped at 2^-127
+        # floor(log2 amax) - emax(e4m3)=8 (the spec), or ceil(log2(amax / 448)) (ceil rule); clamped at 2^-127
+        s = torch.clamp(e - 8 + (carry if e8m0 == SCALE_E8M0_CEIL else 0), min=0)
         s = torch.where(bad, torch.full_like(s, E8M0_NAN), s)
         inv = (254 - torch.clamp(s, max=254)) << 23  # 2^(127 - s); s=0 gives 2^127, still normal
         return inv, s, bad
-    mant = amax_bits & 0x7FFFFF
-    t = e - emax + (mant > 0x600000).to(torch.int32)  # ceil(log2(amax / fmt_max)), biased
+    t = e - emax + carry  # ceil(log2(amax / fmt_max)), biased
     t = torch.where(e == 0, torch.ones_like(t), torch.clamp(t, min=1))
     inv = (254 - t) << 23
     sbits = torch.where(bad, torch.full_like(t, 0x7FC00000), t << 23)
     return inv, sbits, bad
 
 
-def _quant_rows_ref(x: torch.Tensor, block: int, e8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _quant_rows_ref(x: torch.Tensor, block: int, e8m0: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize blocks of ``block`` along dim 1 of a padded fp32 matrix. Returns (e4m3 data, scale)."""
     r, c = x.shape
     xb = x.reshape(r, c // block, block)
@@ -170,13 +188,15 @@ def _decode_scale_e8m0(s: torch.Tensor) -> torch.Tensor:
 # MXFP8
 
 
-def mx_quantize_ref(x: torch.Tensor, axis: int = 1) -> MXTensor:
-    """Reference MXFP8 quantization (PyTorch, any device). See the module docstring for layouts."""
+def mx_quantize_ref(x: torch.Tensor, axis: int = 1, scale_rule: str = "floor") -> MXTensor:
+    """Reference MXFP8 quantization (PyTorch, any device). See the module docstring for layouts and
+    ``scale_rule``."""
     _check_2d(x, "mx_quantize_ref")
+    code = _mx_code(scale_rule, "mx_quantize_ref")
     if axis not in (0, 1):
         raise MXFormatError(f"mx_quantize_ref: axis must be 0 or 1, got {axis}")
     m = x.float() if axis == 1 else x.float().t()
-    q, s = _quant_rows_ref(_pad_cols(m.contiguous(), MX_BLOCK), MX_BLOCK, e8m0=True)
+    q, s = _quant_rows_ref(_pad_cols(m.contiguous(), MX_BLOCK), MX_BLOCK, e8m0=code)
     return MXTensor(q, s, (m.shape[0], m.shape[1]))
 
 
@@ -187,30 +207,34 @@ def mx_dequantize_ref(t: MXTensor, dtype: torch.dtype = torch.float32) -> torch.
     return vals.reshape(r, -1)[:, :c].to(dtype)
 
 
-def mx_quantize(x: torch.Tensor, axis: int = 1, backend: str = "auto") -> MXTensor:
-    """MXFP8-quantize ``x [R, C]`` with 32-blocks along dim ``axis`` (axis=0 returns the x.T layout)."""
+def mx_quantize(x: torch.Tensor, axis: int = 1, backend: str = "auto", scale_rule: str = "floor") -> MXTensor:
+    """MXFP8-quantize ``x [R, C]`` with 32-blocks along dim ``axis`` (axis=0 returns the x.T layout);
+    ``scale_rule``: ``"floor"`` (the OCP spec) or ``"ceil"`` (nothing saturates; module docstring)."""
     if _pick_backend(backend, x, "mx_quantize") == "ref":
-        return mx_quantize_ref(x, axis)
+        return mx_quantize_ref(x, axis, scale_rule)
     _check_2d(x, "mx_quantize")
+    code = _mx_code(scale_rule, "mx_quantize")
     from kernels import mx_triton
 
-    rows, cols = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=axis == 1, col=axis == 0)
+    rows, cols = mx_triton.quantize(x, MX_BLOCK, e8m0=code, row=axis == 1, col=axis == 0)
     out = rows if axis == 1 else cols
     return MXTensor(out[0], out[1], out[2])
 
 
-def mx_quantize_both(x: torch.Tensor, backend: str = "auto", col_sums: bool = False) -> tuple:
+def mx_quantize_both(x: torch.Tensor, backend: str = "auto", col_sums: bool = False,
+                     scale_rule: str = "floor") -> tuple:
     """Both MXFP8 layouts of ``x`` (blocks along rows, and the x.T layout) from one read of ``x``.
 
     With ``col_sums`` a third item holds ``x.sum(0)`` in fp32 (the bias gradient when ``x`` is dY).
     """
     if _pick_backend(backend, x, "mx_quantize_both") == "ref":
-        out = (mx_quantize_ref(x, 1), mx_quantize_ref(x, 0))
+        out = (mx_quantize_ref(x, 1, scale_rule), mx_quantize_ref(x, 0, scale_rule))
         return out + (x.float().sum(0),) if col_sums else out
     _check_2d(x, "mx_quantize_both")
+    code = _mx_code(scale_rule, "mx_quantize_both")
     from kernels import mx_triton
 
-    rows, cols, *sums = mx_triton.quantize(x, MX_BLOCK, e8m0=True, row=True, col=True, col_sums=col_sums)
+    rows, cols, *sums = mx_triton.quantize(x, MX_BLOCK, e8m0=code, row=True, col=True, col_sums=col_sums)
     return (MXTensor(*rows), MXTensor(*cols), *sums)
 
 

@@ -89,11 +89,16 @@ def _scaled_codes(x, inv_bits, bad):
 
 @triton.jit
 def _scale_from_amax(amax_bits, E8M0: tl.constexpr):
-    """Same rules as kernels.mx._scale_bits_ref: (inverse-scale bits, stored scale, non-finite)."""
+    """Same rules as kernels.mx._scale_bits_ref: (inverse-scale bits, stored scale, non-finite). ``E8M0`` is one of
+    kernels.mx's SCALE_* encodings: 0 fp32 powers of two, 1 E8M0 with the spec's floor rule, 2 E8M0 with the ceil
+    rule."""
     e = amax_bits >> 23
     bad = e == 255
     if E8M0:
-        s = tl.maximum(e - 8, 0)
+        if E8M0 == 2:
+            s = tl.maximum(e - 8 + ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32), 0)
+        else:
+            s = tl.maximum(e - 8, 0)
         s = tl.where(bad, 255, s)
         inv = (254 - tl.minimum(s, 254)) << 23
         stored = s
@@ -324,10 +329,11 @@ TILES: dict[tuple[int, str], tuple[int, ...] | Interleaved] = {
 WIDEN_WITH_SUMS = True
 
 
-def quantize(x: torch.Tensor, block: int, e8m0: bool, row: bool, col: bool,
+def quantize(x: torch.Tensor, block: int, e8m0: int, row: bool, col: bool,
              tiles: tuple[int, ...] | Interleaved | None = None, col_sums: bool = False):
     """Launch the block quantizer. Returns ((q, s, shape) | None, (qt, st, shape) | None), plus the
-    fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both).
+    fp32 column sums of ``x`` as a third item when ``col_sums`` (one read serves both). ``e8m0``: the scale
+    encoding, one of kernels.mx's SCALE_* (a bool reads as E8M0 floor / fp32).
 
     Row output: q [R, Cp], scale [R, Cp/block]; column output: qt [C, Rp], scale [C, Rp/block].
     Scales are [rows, nb] with strides (1, rows): fp32 (1x128) as scaled_mm reads them, and uint8 E8M0 since

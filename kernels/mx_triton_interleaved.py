@@ -102,7 +102,7 @@ def _both_kernel(
         tl.store(cs_ptr + pid_r * scs + cols, tl.sum(xs, axis=0), mask=cols < C)
 
 
-def quantize_both(x: torch.Tensor, block: int, e8m0: bool, shape: Interleaved, col_sums: bool = False):
+def quantize_both(x: torch.Tensor, block: int, e8m0: int, shape: Interleaved, col_sums: bool = False):
     """Both layouts of ``x`` in ``block``-blocks, as :func:`kernels.mx_triton.quantize` with ``row`` and ``col``
     (same outputs and layouts, column sums as its third item with ``col_sums``)."""
     r, c = x.shape

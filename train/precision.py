@@ -62,6 +62,7 @@ class PrecisionPolicy:
     scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
     scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
     needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
+    ``mx_scale`` (``floor`` | ``ceil``): the E8M0 scale rule of ``mxfp8`` layers (``kernels.fp8_linear``).
     ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11
     keeps FP8 where it measured faster on an H200)."""
 
@@ -78,6 +79,7 @@ class PrecisionPolicy:
     high_precision: tuple[str, ...] = HIGH_PRECISION_KINDS
     emulate: bool = False
     mx_on_hopper: str = "emulate"
+    mx_scale: str = "floor"  # mxfp8 layers: the E8M0 scale rule, "floor" (OCP spec) or "ceil" (nothing saturates)
     attention_kernel: str = "bf16"
     attention_kernel_layers: tuple[str, ...] | None = None
     grad_format: str = "e5m2"
@@ -116,8 +118,8 @@ class PrecisionPolicy:
                 raise PrecisionPolicyError(
                     f"PrecisionPolicy: scaling='delayed' is a tensorwise option, but {other} use other recipes; "
                     "set those kinds to 'tensorwise' (or 'bf16'), or use scaling='current'")
-        try:  # validates mx_on_hopper, grad_format, amax_history and min_gemm
-            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, grad_format=self.grad_format,
+        try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history and min_gemm
+            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale, grad_format=self.grad_format,
                       amax_history=self.amax_history, min_gemm=self.min_gemm)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
@@ -171,7 +173,7 @@ class PrecisionPolicy:
         if recipe is None:
             return None
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
-                         grad_format=self.grad_format, scaling=self.scaling_for(recipe),
+                         mx_scale=self.mx_scale, grad_format=self.grad_format, scaling=self.scaling_for(recipe),
                          amax_history=self.amax_history, min_gemm=self.min_gemm)
 
 

@@ -47,6 +47,16 @@ def test_outputs_and_gradients_within_bounds(case, recipe):
     assert torch.allclose(got[3].double(), ref[3], atol=1e-4)  # bias gradient: plain fp32 sum
 
 
+def test_mx_ceil_scale_rule_reaches_every_gemm_and_removes_the_saturation_error(case):
+    """The ceil rule's errors are those of an unsaturated e4m3 cast (blockwise's bound); the floor's are larger."""
+    base, x, dy, ref = case
+    floor = run(Fp8Linear.from_linear(base, Fp8Config(recipe="mxfp8", emulate=True)), x, dy)
+    ceil = run(Fp8Linear.from_linear(base, Fp8Config(recipe="mxfp8", mx_scale="ceil", emulate=True)), x, dy)
+    for name, f, c, r in zip(("y", "dx", "dW"), floor[:3], ceil[:3], ref[:3]):
+        assert 1e-4 < rel(c, r) < BOUND["blockwise"], name
+        assert rel(c, r) < rel(f, r), name
+
+
 @pytest.mark.parametrize("wgrad,bound", [("fp32", 1e-5), ("bf16", BOUND["bf16"])])
 @pytest.mark.parametrize("recipe", ["mxfp8", "blockwise"])
 def test_high_precision_weight_gradient(case, recipe, wgrad, bound):
@@ -134,6 +144,8 @@ def test_config_validation():
         Fp8Config(wgrad="fp8e5m2")
     with pytest.raises(Fp8LinearError, match="mx_on_hopper"):
         Fp8Config(mx_on_hopper="native")
+    with pytest.raises(Fp8LinearError, match="mx_scale"):
+        Fp8Config(recipe="mxfp8", mx_scale="nearest")
     with pytest.raises(Fp8LinearError, match="grad_format"):
         Fp8Config(recipe="tensorwise", grad_format="e3m4")
     with pytest.raises(Fp8LinearError, match="in_features=16"):

@@ -42,10 +42,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis", [0, 1])
-def test_mx_triton_matches_reference_bitwise(dtype, axis):
+@pytest.mark.parametrize("rule", mx.MX_SCALE_RULES)
+def test_mx_triton_matches_reference_bitwise(dtype, axis, rule):
     x = wide_input(40, 72, dtype, seed=axis)  # neither dim a multiple of 32: padding covered
-    ref = mx.mx_quantize(x, axis, backend="ref")
-    tri = mx.mx_quantize(x, axis, backend="triton")
+    ref = mx.mx_quantize(x, axis, backend="ref", scale_rule=rule)
+    tri = mx.mx_quantize(x, axis, backend="triton", scale_rule=rule)
     assert tri.shape == ref.shape == ((40, 72) if axis == 1 else (72, 40))
     assert tri.data.dtype == F8 and tri.scale.dtype == torch.uint8
     assert torch.equal(bits(tri.data), bits(ref.data))
@@ -113,6 +114,19 @@ def test_every_tile_path_matches_reference(block, tiles, dtype):
     assert ((sums.double() - exact).abs()[finite] <= 202 * 2.0**-24 * size[finite]).all()
     if dtype == torch.bfloat16:
         assert torch.allclose(sums.nan_to_num(0.0, 0.0, 0.0), x.float().sum(0).nan_to_num(0.0, 0.0, 0.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tiles", [(64, 64, 4), (32, 128, 4), (32, 128, 2, 0, 3, 1), "interleaved"])
+def test_every_tile_path_takes_the_mx_ceil_rule(tiles):
+    from kernels import mx_triton
+
+    if tiles == "interleaved":
+        tiles = mx_triton.Interleaved(warps=4)
+    x = wide_input(202, 136, torch.bfloat16, seed=10)
+    rows, cols = mx_triton.quantize(x, 32, mx.SCALE_E8M0_CEIL, True, True, tiles=tiles)
+    for got, axis in ((rows, 1), (cols, 0)):
+        want = mx.mx_quantize_ref(x, axis, scale_rule="ceil")
+        assert torch.equal(bits(got[0]), bits(want.data)) and torch.equal(got[1], want.scale)
 
 
 def test_interleaved_cast_writes_both_layouts_only():
@@ -207,6 +221,43 @@ def test_mx_special_values():
         assert torch.equal(y[4], torch.full((32,), 2.0**-130))  # 2^-3 * 2^-127: exact
 
 
+def test_mx_ceil_rule_rounds_the_scale_up_only_where_the_floor_saturates():
+    """Block maxima 1.75 * 2^10 (448 * 4: fits under the floor's 2^2), 1.9 * 2^10 (would saturate: 2^3), NaN."""
+    x = torch.ones(3, 32)
+    x[0, 0] = 1.75 * 2.0**10
+    x[1, 0] = -1.9 * 2.0**10
+    x[2, 0] = float("nan")
+    for backend in ("ref", "triton"):
+        floor, ceil = mx.mx_quantize(x, backend=backend), mx.mx_quantize(x, backend=backend, scale_rule="ceil")
+        assert floor.scale[:, 0].tolist() == [129, 129, 255]
+        assert ceil.scale[:, 0].tolist() == [129, 130, 255]
+        assert torch.equal(bits(ceil.data[0]), bits(floor.data[0])) and bits(ceil.data[0, 0]).item() == 0x7E
+        y = mx.mx_dequantize(ceil, backend=backend)
+        assert y[1, 0].item() == -1920.0  # -1.9 * 2^10 / 8 = -243.2 -> -240 (RNE), times 8; the floor gives -1792
+        assert mx.mx_dequantize(floor, backend=backend)[1, 0].item() == -1792.0
+        assert y[2].isnan().all()
+    with pytest.raises(mx.MXFormatError, match="scale_rule"):
+        mx.mx_quantize(x, scale_rule="round")
+
+
+def test_mx_ceil_rule_never_saturates_and_matches_the_floor_elsewhere():
+    """Elementwise: every value in the normal range of its block within 2^-4 relative (the floor rule clips up to
+    1/8); blocks whose maximum fits under the floor scale are quantized identically by both rules."""
+    x = wide_input(64, 256, torch.float32, seed=11)
+    x = x.nan_to_num(0.0, 0.0, 0.0)
+    floor, ceil = mx.mx_quantize_ref(x), mx.mx_quantize_ref(x, scale_rule="ceil")
+    y = mx.mx_dequantize_ref(ceil)
+    scale = mx._decode_scale_e8m0(ceil.scale).repeat_interleave(32, 1)[:, :256]
+    normal = x.abs() >= scale * 2**-6
+    assert ((y - x).abs() <= x.abs() * 2**-4)[normal].all()
+    clipped = (mx.mx_dequantize_ref(floor) - x).abs() > x.abs() * 2**-4
+    assert (clipped & normal).any()  # the floor rule does saturate here
+    same = ceil.scale == floor.scale
+    assert not same.all() and same.float().mean() > 0.5
+    blocks = same.repeat_interleave(32, 1)
+    assert torch.equal(bits(ceil.data)[blocks], bits(floor.data)[blocks])
+
+
 def test_e4m3_rounding_is_nearest_even():
     # amax = 256 -> X = 1, so elements are encoded as they are
     vals = torch.tensor([256.0, 1.0, 1 + 1 / 16, 1 + 3 / 16, -(2.0**-9), 2.0**-10, 3 * 2.0**-10, 2.0**-6])
@@ -234,6 +285,7 @@ def test_pow2_scales_never_saturate():
 
 def _roundtrips(x):
     yield "mxfp8", mx.mx_dequantize_ref(mx.mx_quantize_ref(x)), 0.045
+    yield "mxfp8 ceil", mx.mx_dequantize_ref(mx.mx_quantize_ref(x, scale_rule="ceil")), 0.035
     yield "1x128", mx.dequantize_scaled(mx.quantize_1x128_ref(x)), 0.035
     yield "128x128", mx.dequantize_scaled(mx.quantize_128x128_ref(x)[0]), 0.035
     yield "rowwise", mx.dequantize_scaled(mx.quantize_rowwise(x)), 0.035

@@ -111,6 +111,17 @@ def test_from_config_mapping():
         PrecisionPolicy.from_dict({"mlp": "fp4"})
 
 
+def test_mx_scale_rule_reaches_the_mxfp8_layers_and_is_validated():
+    model = Toy()
+    report = apply_precision_policy(model, PrecisionPolicy.from_dict({"mlp": "mxfp8", "mx_scale": "ceil",
+                                                                       "emulate": True}))
+    assert report.converted == {"mlp.0": "mxfp8", "mlp.2": "mxfp8"}
+    assert all(model.get_submodule(n).config.mx_scale == "ceil" for n in report.converted)
+    assert PrecisionPolicy(mlp="mxfp8").config_for("mlp").mx_scale == "floor"  # the OCP spec's rule by default
+    with pytest.raises(PrecisionPolicyError, match="mx_scale"):
+        PrecisionPolicy.from_dict({"mlp": "mxfp8", "mx_scale": "round"})
+
+
 def test_tensorwise_policy_passes_grad_format_and_validates_it():
     model = Toy()
     report = apply_precision_policy(model, PrecisionPolicy(attention="tensorwise", mlp="tensorwise",

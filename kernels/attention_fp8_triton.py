@@ -33,6 +33,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels import attention_fp8 as fp8_recipe  # the recipe's constants
 from kernels.attention_triton_bias import TABLE_PADS, add_bias_span, min_max, tile_spans
 from kernels.attention_triton_common import (
+    ACT_CODES,
     AUTOTUNE,
     INTERPRET,
     act_fwd,
@@ -66,10 +67,8 @@ def _configs() -> list[triton.Config]:
         return [triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=descriptor_hook)]
     # Four warps: programs share an SM and overlap one's softmax with the other's MMAs; eight warps on the same
     # tiles were 1.7-2.3x slower on an H200 (benchmarks/RESULTS.md, "FP8 attention on the bf16 kernel's design").
-    # The first two are the default with and without a register cap of 136: plain softmax (no bias tables) takes
-    # the cap, which ran the causal batch A forward 2% faster on an H100 (the compiler takes 147 without one;
-    # three programs per SM either way: "A register cap for the FP8 attention forward"); the bias tables and the
-    # pointwise activations need more registers and were not measured with it.
+    # The first two are the default with and without a register cap of 136 (_capped says which cases take it;
+    # benchmarks/RESULTS.md, "A register cap for the FP8 attention forward" and "The register cap by case").
     configs = [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=r, pre_hook=descriptor_hook)
         for bn, w, s, r in ((64, 4, 3, 136), (64, 4, 3, None), (128, 4, 2, None), (64, 4, 2, None),
@@ -83,17 +82,28 @@ def _configs() -> list[triton.Config]:
 _smem = smem_prune("BLOCK_N", "BLOCK_M")
 
 
+def _capped(meta: dict) -> bool:
+    """Whether the default configuration runs with its register cap, as timed on an H100 (capped / uncapped):
+    64-query tiles without bias tables, softmax (batch A causal 1.02x, batch B causal 1.15x) and silu at head
+    dim 64 (batch B 1.11x). Uncapped: bias tables (0.31-0.40x: they spill), silu at head dim 128 (0.86x), and
+    16-query tiles (cross attention of 16 queries: 0.48x batch A, 0.97x batch B)."""
+    if meta.get("BLOCK_M") != 64 or meta.get("HAS_POS") or meta.get("HAS_TIME"):
+        return False
+    act = meta.get("ACT", 0)
+    return act == 0 or (act == ACT_CODES["silu"] and meta.get("BLOCK_D", 128) <= 64)
+
+
 def _prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
     """KV tiles must not straddle a V scale block (``BLOCK_N`` divides ``QUANT_BLOCK``); without autotuning
-    the default, with its register cap for plain softmax only (``_configs``)."""
+    the default, with its register cap where :func:`_capped` says."""
     qb = kwargs["QUANT_BLOCK"]
     keep = [c for c in configs if qb % c.kwargs["BLOCK_N"] == 0]
     fallback = triton.Config({"BLOCK_N": min(qb, 64)}, num_warps=4, num_stages=2, pre_hook=descriptor_hook)
     keep = _smem(keep or [fallback], nargs, **kwargs)
     if AUTOTUNE:
         return keep
-    plain = kwargs.get("ACT", 0) == 0 and not kwargs.get("HAS_POS") and not kwargs.get("HAS_TIME")
-    return [next((c for c in keep if (c.maxnreg is not None) == plain), keep[0])]
+    capped = _capped(kwargs)
+    return [next((c for c in keep if (c.maxnreg is not None) == capped), keep[0])]
 
 
 @triton.jit

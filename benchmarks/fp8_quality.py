@@ -62,6 +62,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "blockwise": {"attention": "blockwise", "mlp": "blockwise", "wgrad": "recipe"},
     "tensorwise": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "current"},
     "tensorwise delayed": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "delayed"},
+    "tensorwise delayed fast accum": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
+                                      "scaling": "delayed", "fast_accum": "all"},
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},

@@ -26,6 +26,12 @@ tensorwise one scale per tensor (an amax pass, then one ``torch._scaled_mm`` Ten
 bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ========== ============================================ =============================================
 
+``fast_accum`` (tensorwise only): ``"output"`` (default) runs the output GEMM with cuBLAS's fast accumulation, as
+common FP8 training recipes do, and the two backward GEMMs with full accumulation; ``"all"`` runs all three fast.
+Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward GEMMs"): inside the layer cuBLAS then
+picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
+error (6e-3 relative on a 65536-token weight gradient); its effect on training quality is not measured yet.
+
 ``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
 448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still
 MX data, nothing clipped; :mod:`kernels.mx`).
@@ -79,6 +85,7 @@ GRAD_FORMATS = ("e5m2", "e4m3")
 WGRAD_PRECISIONS = ("recipe", "bf16", "fp32")
 MX_ON_HOPPER = ("emulate", "blockwise")
 SCALINGS = ("current", "delayed")
+FAST_ACCUM = ("output", "all")
 # Recipes whose dY quantizer also returns dY's column sums (the bias gradient) from its read of dY, so the
 # backward needs no separate pass over dY for db (a benchmark may drop a recipe to time the separate sum).
 FUSED_BIAS_GRAD = {"mxfp8", "blockwise", "tensorwise"}
@@ -102,8 +109,11 @@ class Fp8Config:
     scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
     amax_history: int = 16  # delayed scaling: the scale is the max amax of this many earlier steps
     min_gemm: float = 0  # calls with tokens x in x out below this run bf16 F.linear (see the module docstring)
+    fast_accum: str = "output"  # tensorwise: GEMMs with fast accumulation, "output" or "all" (module docstring)
 
     def __post_init__(self) -> None:
+        if self.fast_accum not in FAST_ACCUM:
+            raise Fp8LinearError(f"Fp8Config.fast_accum must be one of {FAST_ACCUM}, got {self.fast_accum!r}")
         if self.scaling not in SCALINGS:
             raise Fp8LinearError(f"Fp8Config.scaling must be one of {SCALINGS}, got {self.scaling!r}")
         if not isinstance(self.amax_history, int) or isinstance(self.amax_history, bool) or self.amax_history < 1:
@@ -143,6 +153,7 @@ class _Plan:
     x_tiles: bool = False  # blockwise: 128x128 tiles for the input in the weight gradient
     grad_format: str = "e5m2"  # tensorwise: format of dY
     mx_scale: str = "floor"  # mxfp8: E8M0 scale rule
+    fast_accum_bwd: bool = False  # the input- and weight-gradient GEMMs with fast accumulation too
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
@@ -152,7 +163,8 @@ class _Plan:
             p = _Plan._make(cfg, x, where)
             tiles = p.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
             plan = _PLANS[key] = _Plan(p.recipe, p.native, p.mx_hopper, p.backend, x_tiles=tiles,
-                                       grad_format=cfg.grad_format, mx_scale=cfg.mx_scale)
+                                       grad_format=cfg.grad_format, mx_scale=cfg.mx_scale,
+                                       fast_accum_bwd=cfg.fast_accum == "all")
         return plan
 
     @staticmethod
@@ -454,12 +466,12 @@ class _Fp8LinearFn(torch.autograd.Function):
             else:
                 dya = plan.act(dyq, 1, grad=True, delayed=dyd)
         if need_x:
-            dx = plan.gemm(dya, wt, ctx.x_dtype)
+            dx = plan.gemm(dya, wt, ctx.x_dtype, fast_accum=plan.fast_accum_bwd)
             if dx.shape[0] != ctx.m:
                 dx = dx[:ctx.m]
         if need_w:
             if ctx.fp8_wgrad:
-                dw = plan.gemm(dyt, xt, ctx.w_dtype)
+                dw = plan.gemm(dyt, xt, ctx.w_dtype, fast_accum=plan.fast_accum_bwd)
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
             if dw.dtype != ctx.w_dtype:

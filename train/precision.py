@@ -62,6 +62,8 @@ class PrecisionPolicy:
     scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
     scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
     needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
+    ``fast_accum`` (``output`` | ``all``): which GEMMs of the tensorwise layers use cuBLAS's fast accumulation
+    (``Fp8Config.fast_accum``).
     ``mx_scale`` (``floor`` | ``ceil``): the E8M0 scale rule of ``mxfp8`` layers (``kernels.fp8_linear``).
     ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11
     keeps FP8 where it measured faster on an H200)."""
@@ -86,6 +88,7 @@ class PrecisionPolicy:
     scaling: str = "auto"
     amax_history: int = 16
     min_gemm: float = 0  # FP8 layers run bf16 below this tokens x in x out (``Fp8Config.min_gemm``)
+    fast_accum: str = "output"  # tensorwise layers: "all" also runs the backward GEMMs with fast accumulation
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:
@@ -118,9 +121,10 @@ class PrecisionPolicy:
                 raise PrecisionPolicyError(
                     f"PrecisionPolicy: scaling='delayed' is a tensorwise option, but {other} use other recipes; "
                     "set those kinds to 'tensorwise' (or 'bf16'), or use scaling='current'")
-        try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history and min_gemm
-            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale, grad_format=self.grad_format,
-                      amax_history=self.amax_history, min_gemm=self.min_gemm)
+        try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history, min_gemm and fast_accum
+            Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale,
+                      grad_format=self.grad_format, amax_history=self.amax_history, min_gemm=self.min_gemm,
+                      fast_accum=self.fast_accum)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -174,7 +178,7 @@ class PrecisionPolicy:
             return None
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
                          mx_scale=self.mx_scale, grad_format=self.grad_format, scaling=self.scaling_for(recipe),
-                         amax_history=self.amax_history, min_gemm=self.min_gemm)
+                         amax_history=self.amax_history, min_gemm=self.min_gemm, fast_accum=self.fast_accum)
 
 
 @dataclass

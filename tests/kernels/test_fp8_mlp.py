@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from kernels import fp8_mlp, mx
-from kernels.fp8_linear import Fp8Config, Fp8Linear, fp8_step
+from kernels.fp8_linear import Fp8Config, Fp8Linear, Fp8LinearError, fp8_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
@@ -105,6 +105,30 @@ def test_fused_mlp_equals_the_layer_chain_over_steps():
         opt_f.step()
         opt_c.zero_grad()
         opt_f.zero_grad()
+
+
+@pytest.mark.parametrize("fast_accum,backward_fast", [("output", False), ("all", True)])
+def test_fast_accum_option_reaches_the_backward_gemms(monkeypatch, fast_accum, backward_fast):
+    """Each GEMM's fast-accumulation flag, in the layer chain and the fused MLP: the two forward GEMMs always fast,
+    the four backward GEMMs only with ``fast_accum="all"``."""
+    from kernels.fp8_linear import _Plan
+
+    flags: list[bool] = []
+    real = _Plan.gemm
+    monkeypatch.setattr(_Plan, "gemm", lambda self, *a, fast_accum=False, **kw: flags.append(fast_accum)
+                        or real(self, *a, fast_accum=fast_accum, **kw))
+    torch.manual_seed(0)
+    cfg = Fp8Config(recipe="tensorwise", scaling="delayed", wgrad="recipe", emulate=True, fast_accum=fast_accum)
+    m = nn.Sequential(Fp8Linear(24, 64, config=cfg), nn.GELU(), Fp8Linear(64, 24, config=cfg))
+    x = torch.randn(10, 24, requires_grad=True)
+    for run in (lambda: m(x), lambda: fp8_mlp.gelu_mlp(x, m[0], m[2])):
+        flags.clear()
+        y = run()
+        assert flags == [True, True]
+        y.square().sum().backward()
+        assert flags[2:] == [backward_fast] * 4
+    with pytest.raises(Fp8LinearError, match="fast_accum"):
+        Fp8Config(recipe="tensorwise", fast_accum="backward")
 
 
 def test_fusable_only_for_tensorwise_delayed_exact_gelu_in_training():

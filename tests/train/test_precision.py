@@ -111,6 +111,16 @@ def test_from_config_mapping():
         PrecisionPolicy.from_dict({"mlp": "fp4"})
 
 
+def test_fast_accum_reaches_the_fp8_layers_and_is_validated():
+    model = Toy()
+    report = apply_precision_policy(model, PrecisionPolicy.from_dict({"mlp": "tensorwise", "fast_accum": "all",
+                                                                       "emulate": True}))
+    assert all(model.get_submodule(n).config.fast_accum == "all" for n in report.converted)
+    assert PrecisionPolicy(mlp="tensorwise").config_for("mlp").fast_accum == "output"
+    with pytest.raises(PrecisionPolicyError, match="fast_accum"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "fast_accum": "dgrad"})
+
+
 def test_mx_scale_rule_reaches_the_mxfp8_layers_and_is_validated():
     model = Toy()
     report = apply_precision_policy(model, PrecisionPolicy.from_dict({"mlp": "mxfp8", "mx_scale": "ceil",

@@ -275,10 +275,15 @@ def apply_config_policy(model: nn.Module, section: dict[str, Any], source: str, 
         return None
     # `--precision.emulate=true` on the command line arrives as a string
     raw = {k: {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v for k, v in section.items()}
+    where = f"{source}: precision"
     try:
-        report = apply_precision_policy(model, PrecisionPolicy.from_dict(raw))
+        policy = PrecisionPolicy.from_dict(raw, where=where)  # its errors name `where` already
     except PrecisionPolicyError as e:
-        raise GemtrainError(f"{source}: precision: {e}") from None
+        raise GemtrainError(str(e)) from None
+    try:
+        report = apply_precision_policy(model, policy)
+    except PrecisionPolicyError as e:
+        raise GemtrainError(f"{where}: {e}") from None
     recipes = sorted(set(report.converted.values()))
     fp8_attn = sum(v != "bf16" for v in report.attention.values())
     log(f"precision policy: {len(report.converted)} linear layers in {', '.join(recipes) or 'no FP8 recipe'}, "

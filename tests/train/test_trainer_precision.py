@@ -25,8 +25,12 @@ def test_precision_section_converts_mlp_layers_and_trains(tiny_cfg, tmp_path):
 
 
 def test_precision_section_errors_name_the_config(tiny_cfg, tmp_path):
-    with pytest.raises(GemtrainError, match="precision"):
+    with pytest.raises(GemtrainError, match="precision") as bad_recipe:
         Trainer(tiny_cfg(precision__mlp="fp4"), tmp_path / "bad", quiet=True)
+    with pytest.raises(GemtrainError, match="unknown keys") as bad_key:
+        Trainer(tiny_cfg(precision__fp4="true"), tmp_path / "bad_key", quiet=True)
+    for err in (bad_recipe, bad_key):  # the section is named once, after the config's source
+        assert str(err.value).count("precision:") == 1, str(err.value)
 
 
 def test_no_precision_section_keeps_plain_linears(tiny_cfg, tmp_path):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -236,7 +237,10 @@ def check_linears_dtype(dev: str, dtype: torch.dtype, variants=VARIANTS) -> list
     return rows
 
 
-def time_linears(dev: str, shapes, variants=VARIANTS) -> list[dict]:
+def time_linears(dev: str, shapes, variants=VARIANTS, rounds: int = 1) -> list[dict]:
+    """Forward+backward of bf16 ``nn.Linear`` and each variant per shape. ``rounds`` > 1 times them in turn,
+    round after round, so clock and power drift under sustained load falls on every variant alike: ``ms`` is
+    the median over rounds and ``ratios`` the per-round ratios to the baseline of the same round."""
     results = []
     for name, m, k, n in shapes:
         torch.manual_seed(0)
@@ -254,29 +258,44 @@ def time_linears(dev: str, shapes, variants=VARIANTS) -> list[dict]:
             return f
 
         flops = 3 * 2 * m * k * n
-        t_ref = bench(step(base))
-        results.append(dict(shape=f"{name} {m}x{k}->{n}", variant="bf16 nn.Linear", ms=t_ref, ratio=1.0,
-                            tflops=flops / t_ref / 1e9))
+        shape = f"{name} {m}x{k}->{n}"
+        steps: list[tuple[str, object]] = [("bf16 nn.Linear", step(base))]
+        failed: dict[str, str] = {}
         if m * k * n <= 2**34 and variants is VARIANTS:  # small layers: launch overhead dominates; CUDA graphs remove it
             for label, mod in (("bf16 nn.Linear", base),
                                ("blockwise", Fp8Linear.from_linear(base, Fp8Config(recipe="blockwise")))):
                 try:
-                    g = torch.cuda.make_graphed_callables(mod, (x,), num_warmup_iters=3)
-                    t = bench(step(g))
-                    results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=f"{label} (CUDA graph)", ms=t,
-                                        ratio=t_ref / t, tflops=flops / t / 1e9))
+                    steps.append((f"{label} (CUDA graph)",
+                                  step(torch.cuda.make_graphed_callables(mod, (x,), num_warmup_iters=3))))
                 except Exception as e:
-                    results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=f"{label} (CUDA graph)",
-                                        ms=float("nan"), ratio=float("nan"), tflops=float("nan"),
-                                        error=f"{type(e).__name__}: {e}"[:200]))
+                    failed[f"{label} (CUDA graph)"] = f"{type(e).__name__}: {e}"[:200]
         for label, kw in variants:
             try:
-                t = bench(step(Fp8Linear.from_linear(base, Fp8Config(**kw))))
-                results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=label, ms=t, ratio=t_ref / t,
-                                    tflops=flops / t / 1e9))
+                steps.append((label, step(Fp8Linear.from_linear(base, Fp8Config(**kw)))))
             except Exception as e:
-                results.append(dict(shape=f"{name} {m}x{k}->{n}", variant=label, ms=float("nan"),
-                                    ratio=float("nan"), tflops=float("nan"), error=f"{type(e).__name__}: {e}"[:200]))
+                failed[label] = f"{type(e).__name__}: {e}"[:200]
+        times: dict[str, list[float]] = {label: [] for label, _ in steps}
+        for _ in range(rounds):
+            for label, timed in steps:
+                if label in failed:
+                    continue
+                try:
+                    times[label].append(bench(timed))
+                except Exception as e:
+                    failed[label] = f"{type(e).__name__}: {e}"[:200]
+        ref = times["bf16 nn.Linear"]
+        t_ref = statistics.median(ref)
+        for label, ts in times.items():
+            if label in failed or not ts:
+                results.append(dict(shape=shape, variant=label, ms=float("nan"), ratio=float("nan"),
+                                    tflops=float("nan"), error=failed.get(label, "not timed")))
+                continue
+            t = statistics.median(ts)
+            results.append(dict(shape=shape, variant=label, ms=t, ratio=t_ref / t, tflops=flops / t / 1e9,
+                                rounds=ts, ratios=[a / b for a, b in zip(ref, ts)]))
+        for label in failed.keys() - times.keys():
+            results.append(dict(shape=shape, variant=label, ms=float("nan"), ratio=float("nan"),
+                                tflops=float("nan"), error=failed[label]))
         torch.cuda.empty_cache()
     return results
 
@@ -471,6 +490,8 @@ def main() -> None:
                     help="first: amax sweep, kernel tables and ablations of the tensorwise layer")
     ap.add_argument("--only", default=None, help="comma-separated variant label prefixes, e.g. tensorwise")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time bf16 and the variants in turn this many times (medians; per-round ratio range)")
     ap.add_argument("--crossover", action="store_true",
                     help="only the tensorwise layer against bf16 nn.Linear on sizes between the interaction and MLP shapes")
     args = ap.parse_args()
@@ -510,7 +531,7 @@ def main() -> None:
     checks = check_quantizers(dev, only_tw) + check_linears(dev, variants)
     shapes = LINEAR_SHAPES[2:] if args.quick else (LINEAR_SHAPES[:2] if args.mlp_only else LINEAR_SHAPES)
     gemms = [] if prefixes else time_gemms(dev)  # --only: the layer table alone
-    lin = time_linears(dev, shapes, variants)
+    lin = time_linears(dev, shapes, variants, args.rounds)
     print("tiles used:", mx_triton.TILES, "tensorwise:", mx_triton_tensorwise.TENSORWISE_TILES, "amax:",
           mx_triton_tensorwise.TENSORWISE_AMAX_TILES, mx_triton_tensorwise.TENSORWISE_AMAX_PROGRAMS, "delayed cast:",
           mx_triton_tensorwise.TENSORWISE_DELAYED_TILES, mx_triton_tensorwise.TENSORWISE_CAST_PROGRAMS)
@@ -522,11 +543,13 @@ def main() -> None:
     for k, v in checks:
         print(f"| {k} | {v} |")
     print("\n## forward+backward, bf16 inputs/weights (ratio = bf16 nn.Linear time / variant time)")
-    print("| shape | variant | ms | TFLOP/s | ratio |")
-    print("|---|---|---|---|---|")
+    print(f"| shape | variant | ms | TFLOP/s | ratio | per-round ratios ({args.rounds} rounds) |")
+    print("|---|---|---|---|---|---|")
     for r in lin:
         extra = f" {r['error']}" if "error" in r else ""
-        print(f"| {r['shape']} | {r['variant']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f}x{extra} |")
+        spread = (f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}x" if r.get("ratios") else "")
+        print(f"| {r['shape']} | {r['variant']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f}x{extra} | "
+              f"{spread} |")
     by_variant: dict[str, list[float]] = {}
     for r in lin:
         if r["shape"].startswith("mlp"):

@@ -1,13 +1,16 @@
 """FP8 linear layers and quantizers on one GPU: check, then time, then print one table.
 
     PYTHONPATH=. python benchmarks/fp8_linear.py [--quick | --mlp-only] [--sweep] [--profile] [--only tensorwise]
-        [--json OUT.json]
+        [--rounds 7] [--json OUT.json]
 
 1. Checks (fresh random data): Triton quantizers bit-identical to the PyTorch reference on the GPU
    (special values and fp32 subnormals included); each native recipe's output and gradients against
    the emulated reference of the same recipe and against a float64 linear.
 2. Forward+backward time of each recipe against bf16 ``nn.Linear`` on gem_medium MLP shapes
    (tokens x 1024 -> 4096 -> 1024, tokens = 65536) and interaction shapes; ratio = bf16 / recipe.
+   ``--rounds N`` times bf16 and every variant in turn, N times over, so the clock's fall under sustained
+   load (power-limited cards) reaches every variant alike; the table gives the medians and the range of
+   the per-round ratios, to read a ratio near a target against its own spread.
 3. Quantizer bandwidth (bytes read + written / time) against a device-to-device copy measured in
    the same run.
 4. GEMMs alone (operands quantized beforehand) on the mlp-up shape: output, input-gradient and

@@ -1,0 +1,42 @@
+"""benchmarks/fp8_linear.py's layer table on CPU: with ``rounds`` the baseline and every variant are timed in
+turn each round, the table holds each one's median and its per-round ratio to the same round's baseline, and a
+variant that cannot be built is reported with its error instead of stopping the table. The timer is replaced
+by a scripted one (the timings themselves are the GPU's); the layers run for real (emulated FP8 recipe)."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+
+from tests.conftest import REPO
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("fp8_linear_bench", REPO / "benchmarks" / "fp8_linear.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rounds_alternate_and_report_medians_and_per_round_ratios():
+    bench = _load()
+    # round r: baseline 2+r ms, the FP8 variant 1+r ms (so per-round ratios (2+r)/(1+r))
+    script = iter([2.0, 1.0, 3.0, 2.0, 4.0, 3.0])
+    order = []
+
+    def fake_bench(fn, rep=100):
+        fn()  # the step runs: forward, backward and the optimizer hook
+        t = next(script)
+        order.append(t)
+        return t
+
+    bench.bench = fake_bench
+    variants = [("tensorwise delayed", dict(recipe="tensorwise", scaling="delayed", emulate=True)),
+                ("broken", dict(recipe="fp4"))]
+    rows = {r["variant"]: r for r in bench.time_linears("cpu", [("t", 64, 32, 48)], variants, rounds=3)}
+    assert order == [2.0, 1.0, 3.0, 2.0, 4.0, 3.0]  # baseline, variant, baseline, variant, ...
+    base, fp8 = rows["bf16 nn.Linear"], rows["tensorwise delayed"]
+    assert base["ms"] == 3.0 and base["rounds"] == [2.0, 3.0, 4.0]
+    assert fp8["ms"] == statistics.median([1.0, 2.0, 3.0]) and fp8["ratio"] == 3.0 / 2.0
+    assert fp8["ratios"] == [2.0, 1.5, 4.0 / 3.0]
+    assert "fp4" in rows["broken"]["error"] and rows["broken"]["ms"] != rows["broken"]["ms"]  # NaN time

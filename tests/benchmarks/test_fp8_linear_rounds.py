@@ -5,21 +5,12 @@ by a scripted one (the timings themselves are the GPU's); the layers run for rea
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 
-from tests.conftest import REPO
+from benchmarks import fp8_linear as bench
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("fp8_linear_bench", REPO / "benchmarks" / "fp8_linear.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_rounds_alternate_and_report_medians_and_per_round_ratios():
-    bench = _load()
+def test_rounds_alternate_and_report_medians_and_per_round_ratios(monkeypatch):
     # round r: baseline 2+r ms, the FP8 variant 1+r ms (so per-round ratios (2+r)/(1+r))
     script = iter([2.0, 1.0, 3.0, 2.0, 4.0, 3.0])
     order = []
@@ -30,7 +21,7 @@ def test_rounds_alternate_and_report_medians_and_per_round_ratios():
         order.append(t)
         return t
 
-    bench.bench = fake_bench
+    monkeypatch.setattr(bench, "bench", fake_bench)
     variants = [("tensorwise delayed", dict(recipe="tensorwise", scaling="delayed", emulate=True)),
                 ("broken", dict(recipe="fp4"))]
     rows = {r["variant"]: r for r in bench.time_linears("cpu", [("t", 64, 32, 48)], variants, rounds=3)}

@@ -122,6 +122,10 @@ class Fp8Config:
             raise Fp8LinearError(
                 f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
                 "recipe='tensorwise' or scaling='current'")
+        if self.fast_accum == "all" and self.recipe not in ("tensorwise", "bf16"):
+            raise Fp8LinearError(
+                f"Fp8Config: fast_accum='all' is a tensorwise option, recipe is {self.recipe!r}; use "
+                "recipe='tensorwise' or fast_accum='output'")
         if isinstance(self.min_gemm, bool) or not isinstance(self.min_gemm, (int, float)) or not self.min_gemm >= 0:
             raise Fp8LinearError(f"Fp8Config.min_gemm must be a number >= 0 (tokens x in x out), got {self.min_gemm!r}")
         if self.grad_format not in GRAD_FORMATS:

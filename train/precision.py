@@ -115,12 +115,12 @@ class PrecisionPolicy:
         if self.scaling not in POLICY_SCALINGS:
             raise PrecisionPolicyError(
                 f"PrecisionPolicy.scaling: unknown scaling {self.scaling!r}; expected one of {POLICY_SCALINGS}")
-        if self.scaling == "delayed":
-            other = {k: getattr(self, k) for k in FP8_KINDS if getattr(self, k) not in ("tensorwise", "bf16")}
-            if other:
+        other = {k: getattr(self, k) for k in FP8_KINDS if getattr(self, k) not in ("tensorwise", "bf16")}
+        for option, value, fallback in (("scaling", "delayed", "current"), ("fast_accum", "all", "output")):
+            if getattr(self, option) == value and other:
                 raise PrecisionPolicyError(
-                    f"PrecisionPolicy: scaling='delayed' is a tensorwise option, but {other} use other recipes; "
-                    "set those kinds to 'tensorwise' (or 'bf16'), or use scaling='current'")
+                    f"PrecisionPolicy: {option}={value!r} is a tensorwise option, but {other} use other recipes; "
+                    f"set those kinds to 'tensorwise' (or 'bf16'), or use {option}={fallback!r}")
         try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history, min_gemm and fast_accum
             Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale,
                       grad_format=self.grad_format, amax_history=self.amax_history, min_gemm=self.min_gemm,

@@ -129,6 +129,8 @@ def test_fast_accum_option_reaches_the_backward_gemms(monkeypatch, fast_accum, b
         assert flags[2:] == [backward_fast] * 4
     with pytest.raises(Fp8LinearError, match="fast_accum"):
         Fp8Config(recipe="tensorwise", fast_accum="backward")
+    with pytest.raises(Fp8LinearError, match="fast_accum='all' is a tensorwise option"):
+        Fp8Config(recipe="blockwise", fast_accum="all")
 
 
 def test_fusable_only_for_tensorwise_delayed_exact_gelu_in_training():

@@ -119,6 +119,8 @@ def test_fast_accum_reaches_the_fp8_layers_and_is_validated():
     assert PrecisionPolicy(mlp="tensorwise").config_for("mlp").fast_accum == "output"
     with pytest.raises(PrecisionPolicyError, match="fast_accum"):
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "fast_accum": "dgrad"})
+    with pytest.raises(PrecisionPolicyError, match=r"fast_accum='all' is a tensorwise option.*'attention': 'blockwise'"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "attention": "blockwise", "fast_accum": "all"})
 
 
 def test_mx_scale_rule_reaches_the_mxfp8_layers_and_is_validated():

@@ -20,8 +20,10 @@ process with ``emulate: true`` (quantize -> dequantize reference of every recipe
 on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
 
 ``--pool a.json b.json`` trains nothing and prints the seed tables over the paired runs of earlier ``--json``
-files (each run paired with the bf16 run of its own file and seed): the device time of one session trains a
-few seed pairs, so the runs kept in ``benchmarks/quality/`` add up across sessions.
+files (each run paired with the bf16 run of its own file and seed), then the NE difference against the target: its
+95% interval over the pairs, whether that lies inside ±0.1%, whether it excludes a loss above 0.1%, and the pairs a
+±0.1% interval needs at that spread. The device time of one session trains a few seed pairs, so the runs kept in
+``benchmarks/quality/`` add up across sessions.
 
 ``--seeds 0,1,2`` trains every variant once per seed (``train.seed``: model init and batch order; the data
 stays the same) and compares each run with the bf16 run of its own seed. Short runs are chaotic (any
@@ -157,6 +159,7 @@ def write_data(steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -
 # Held-out NE as the issue defines it, and NE after one out-of-fold logit shift per task (train.metrics): the
 # part a run's calibration offset does not explain (most of the run-to-run spread of short runs sits there).
 METRICS = {"ne": "NE", "ne_recalibrated": "recalibrated NE", "ne_expected": "expected NE"}
+TARGET_PCT = 0.1  # the issue's bound on the relative NE difference, in %
 
 
 def ne_of(summary: dict | None, task: str, metric: str = "ne") -> float:
@@ -228,6 +231,52 @@ def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: 
     return rows
 
 
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile (two-sided intervals of a mean over few seeds), by bisection on the CDF integrated
+    with Simpson's rule: no scipy in the project's dependencies."""
+    log_norm = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+
+    def cdf(x: float, n: int = 2000) -> float:  # x >= 0
+        h = x / n
+        f = [math.exp(log_norm - (dof + 1) / 2 * math.log1p((i * h) ** 2 / dof)) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, baseline: str = "bf16",
+                 metric: str = "ne") -> list[str]:
+    """Per variant and task, the paired relative NE difference against the target: its 95% interval (Student's
+    t over the seed pairs), whether the interval lies inside ±target (the difference is resolved as within the
+    target), whether it excludes a loss of more than the target (upper end <= +target: positive is worse), and
+    about how many pairs at this spread give an interval of half-width ``target``."""
+    rows = [f"| variant | task | pairs | mean rel. diff | 95% interval | inside ±{target:g}% | "
+            f"worse by > {target:g}% excluded | pairs for ±{target:g}% |", "|---|---|---|---|---|---|---|---|"]
+    for v in dict.fromkeys(split_seed(r)[0] for r in results):
+        if v == baseline:
+            continue
+        runs = [r for r in results if split_seed(r)[0] == v]
+        for t in TASKS:
+            d = [x for x in (rel_diff(results, r, t, baseline, metric) for r in runs) if math.isfinite(x)]
+            if len(d) < 2:
+                rows.append(f"| {v} | {t} | {len(d)} | | | | | |")
+                continue
+            m, sd = _mean_std(d)
+            half = t_quantile(0.975, len(d) - 1) * sd / math.sqrt(len(d))
+            lo, hi = m - half, m + half
+            need = math.ceil((1.96 * sd / target) ** 2)
+            rows.append(f"| {v} | {t} | {len(d)} | {m:+.3f}% | {lo:+.3f}% to {hi:+.3f}% | "
+                        f"{'yes' if -target <= lo and hi <= target else 'no'} | {'yes' if hi <= target else 'no'} | "
+                        f"{need} |")
+    return rows
+
+
 def pool(result_sets: list[dict[str, dict | None]]) -> dict[str, dict | None]:
     """Several runs' results (``--json`` files) as one, for the seed tables: each set's seeds get numbers of
     their own (seed s of set i becomes the i-th set's next free number), so every run stays paired with the
@@ -254,6 +303,8 @@ def pooled_tables(files: list[Path]) -> list[str]:
             f"{sum(1 for r in results if split_seed(r)[0] == 'bf16')} seeds"]
     for metric, label in METRICS.items():
         rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
+    rows += ["", f"### NE against the target (relative difference <= {TARGET_PCT:g}%; positive: the variant's NE is "
+             "higher, worse)", *target_table(results)]
     return rows
 
 

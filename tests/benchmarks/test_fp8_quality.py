@@ -128,5 +128,35 @@ def test_kept_quality_runs_pool():
     files = sorted((REPO / "benchmarks" / "quality").glob("*.json"))
     assert files
     rows = mod.pooled_tables(files)
-    tw = [r for r in rows if r.startswith("| tensorwise delayed |")]
+    tw = [r for r in rows if r.startswith("| tensorwise delayed | ") and r.split(" | ")[1].isdigit()]
     assert len(tw) == len(mod.METRICS) and all(int(r.split(" | ")[1]) >= 10 for r in tw)
+    verdict = [r for r in rows if r.startswith("| tensorwise delayed | click |")]
+    assert len(verdict) == 1 and verdict[0].count("%") >= 3
+
+
+def test_t_quantile_matches_tables():
+    mod = _load()
+    for dof, q in ((1, 12.7062), (4, 2.7764), (19, 2.0930), (50, 2.0086)):
+        assert math.isclose(mod.t_quantile(0.975, dof), q, abs_tol=2e-4), dof
+
+
+def test_target_table_reads_intervals_against_the_bound():
+    mod = _load()
+    ev = lambda click, conv: {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}}
+    res = {}
+    # click: pairs +0.02%, -0.02%, +0.04%, 0% -> inside ±0.1%; conversion: -0.5%, -0.3%, -0.4%, -0.6% -> better,
+    # outside ±0.1% but a loss above 0.1% excluded.
+    for s, (dc, dv) in enumerate(((0.02, -0.5), (-0.02, -0.3), (0.04, -0.4), (0.0, -0.6))):
+        res[f"bf16 seed={s}"] = ev(1.0, 1.0)
+        res[f"tensorwise seed={s}"] = ev(1.0 + dc / 100, 1.0 + dv / 100)
+    rows = {r.split(" | ")[1]: r.strip("| ").split(" | ") for r in mod.target_table(res) if "tensorwise" in r}
+    click, conv = rows["click"], rows["conversion"]
+    assert click[2:4] == ["4", "+0.010%"] and click[5:7] == ["yes", "yes"]
+    half = mod.t_quantile(0.975, 3) * mod._mean_std([0.02, -0.02, 0.04, 0.0])[1] / 2
+    assert click[4] == f"{0.01 - half:+.3f}% to {0.01 + half:+.3f}%"
+    assert conv[3] == "-0.450%" and conv[5:7] == ["no", "yes"]
+    assert int(conv[7]) == math.ceil((1.96 * mod._mean_std([-0.5, -0.3, -0.4, -0.6])[1] / 0.1) ** 2)
+    # a variant worse by 0.5% on every seed: the loss is not excluded
+    worse = {k.replace("tensorwise", "rowwise"): ev(1.005, 1.005) for k in res if k.startswith("tensorwise")}
+    rows = [r for r in mod.target_table({**res, **worse}) if r.startswith("| rowwise | click")]
+    assert rows[0].strip("| ").split(" | ")[5:7] == ["no", "no"]

@@ -1,7 +1,7 @@
 """Quality of the FP8 recipes: the same training run in bf16 and under each FP8 precision policy.
 
     PYTHONPATH=. python benchmarks/fp8_quality.py [--steps 200] [--variants a,b] [--parallel 2] [--gpus 0,1]
-                                                  [--gpu-after 1:/tmp/bench.done] [--deadline 250]
+                                                  [--gpu-after 1:/tmp/bench.done] [--deadline 250] [--mps]
     PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
     PYTHONPATH=. python benchmarks/fp8_quality.py --seeds 0,1,2 --variants tensorwise --parallel 6 --gpus 0,1
     PYTHONPATH=. python benchmarks/fp8_quality.py --pool benchmarks/quality/*.json   # tables over saved runs
@@ -15,7 +15,8 @@ NE difference <= 0.1%.
 
 On the GPU each variant runs in its own process (``--parallel`` at a time, spread over ``--gpus``, at most
 ceil(parallel / number of GPUs) on one GPU; ``--gpu-after 1:FILE`` keeps GPU 1 free until FILE exists, so a
-benchmark can use it first); the synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
+benchmark can use it first; ``--mps`` runs them under CUDA's Multi-Process Service, so the small-batch runs'
+kernels share a GPU at once instead of taking turns); the synthetic data is written once before they start. ``--cpu`` runs the variants one after another in this
 process with ``emulate: true`` (quantize -> dequantize reference of every recipe, FP8 attention's reference)
 on the demo schema and a tiny model: a check that the pipeline works, not a quality figure.
 
@@ -42,9 +43,11 @@ how the held-out labels' coin flips fell on the rows where their predictions dif
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -318,8 +321,42 @@ def max_rel_diff(results: dict[str, dict | None], baseline: str = "bf16") -> dic
     return out
 
 
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/nvidia/bin", "/usr/bin"])
+
+
+def mps_env(root: Path) -> dict[str, str]:
+    """The variables that point the MPS daemon and its clients at one pipe and log folder under ``root``."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(root / "mps-pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "mps-log")}
+
+
+@contextlib.contextmanager
+def mps_daemon(root: Path, search: str = MPS_SEARCH):
+    """CUDA's Multi-Process Service for the runs' processes (``--mps``): without it a GPU runs one process's
+    kernels at a time, in time slices, and each small-batch run leaves most of the GPU idle in its slice; under
+    MPS the processes' kernels share the GPU at once. Yields the variables the runs need; stops the daemon at the
+    end."""
+    exe = shutil.which(MPS_CONTROL, path=search)
+    if exe is None:
+        raise QualityError(f"fp8_quality --mps: {MPS_CONTROL} was not found (searched {search}); it comes with the "
+                           "NVIDIA driver's utilities. Run without --mps")
+    env = mps_env(root)
+    for d in env.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    full = {**os.environ, **env}
+    started = subprocess.run([exe, "-d"], env=full, capture_output=True, text=True)
+    if started.returncode != 0:
+        raise QualityError(f"fp8_quality --mps: '{exe} -d' failed with exit {started.returncode}: "
+                           f"{(started.stderr or started.stdout).strip()[:300]} (logs in {env['CUDA_MPS_LOG_DIRECTORY']})")
+    print(f"MPS daemon started (pipe {env['CUDA_MPS_PIPE_DIRECTORY']})", file=sys.stderr, flush=True)
+    try:
+        yield env
+    finally:
+        subprocess.run([exe], input="quit\n", env=full, capture_output=True, text=True)
+
+
 def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, extra: list[str]) -> subprocess.Popen:
-    env = dict(os.environ)
+    env = {**os.environ, **getattr(args, "child_env", {})}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -475,6 +512,9 @@ def main(argv: list[str]) -> int:
                     help="GPU: seconds after which unfinished runs are stopped (the table shows them as failed)")
     ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
                     help="train nothing: the seed tables over the runs of these --json files (benchmarks/quality/)")
+    ap.add_argument("--mps", action="store_true",
+                    help="GPU: run the processes under CUDA's Multi-Process Service (their kernels share the GPU "
+                         "at once instead of in time slices); starts and stops the daemon")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
     args = ap.parse_args(argv)
     if args.pool:
@@ -499,6 +539,8 @@ def main(argv: list[str]) -> int:
                 print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 0
 
+    if args.mps and (args.cpu or args.in_process):
+        raise QualityError("fp8_quality: --mps is for GPU runs in one process each (not with --cpu or --in-process)")
     names = args.variants.split(",") if args.variants else list(CPU_VARIANTS if args.cpu else VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -523,7 +565,9 @@ def main(argv: list[str]) -> int:
     elif args.in_process:
         results = run_grouped(names, args, extra)
     else:  # one process per variant (with --cpu and --parallel > 1: the same path on CPU)
-        results = run_parallel(names, args, extra)
+        with mps_daemon(args.run_root) if args.mps else contextlib.nullcontext({}) as child_env:
+            args.child_env = child_env
+            results = run_parallel(names, args, extra)
     where = "CPU (emulated recipes, demo schema, tiny model)" if args.cpu else "configs/gem_medium.yaml"
     print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "
           f"wall {time.perf_counter() - t0:.0f} s")

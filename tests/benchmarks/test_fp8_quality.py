@@ -160,3 +160,15 @@ def test_target_table_reads_intervals_against_the_bound():
     worse = {k.replace("tensorwise", "rowwise"): ev(1.005, 1.005) for k in res if k.startswith("tensorwise")}
     rows = [r for r in mod.target_table({**res, **worse}) if r.startswith("| rowwise | click")]
     assert rows[0].strip("| ").split(" | ")[5:7] == ["no", "no"]
+
+
+def test_mps_needs_the_control_program_and_a_gpu_run(tmp_path):
+    mod = _load()
+    env = mod.mps_env(tmp_path)
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps-pipe"),
+                   "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps-log")}
+    with pytest.raises(mod.QualityError, match="nvidia-cuda-mps-control was not found"):
+        with mod.mps_daemon(tmp_path, search=str(tmp_path / "empty")):
+            pass
+    with pytest.raises(mod.QualityError, match="--mps is for GPU runs"):
+        mod.main(["--cpu", "--mps", "--steps", "1", "--run-root", str(tmp_path / "runs")])

@@ -31,3 +31,17 @@ def test_rounds_alternate_and_report_medians_and_per_round_ratios(monkeypatch):
     assert fp8["ms"] == statistics.median([1.0, 2.0, 3.0]) and fp8["ratio"] == 3.0 / 2.0
     assert fp8["ratios"] == [2.0, 1.5, 4.0 / 3.0]
     assert "fp4" in rows["broken"]["error"] and rows["broken"]["ms"] != rows["broken"]["ms"]  # NaN time
+
+
+def test_mlp_target_line_reads_the_best_recipe_over_both_large_shapes():
+    row = lambda shape, variant, ratio, **kw: dict(shape=shape, variant=variant, ratio=ratio, **kw)
+    up, down = "mlp up 65536x1024->4096", "mlp down 65536x4096->1024"
+    rows = [row(up, "bf16 nn.Linear", 1.0), row(down, "bf16 nn.Linear", 1.0),
+            row(up, "a", 1.50), row(down, "a", 1.38),  # fastest on up, short on down
+            row(up, "b", 1.44), row(down, "b", 1.41),
+            row(up, "c", 1.60), row(down, "c", float("nan"), error="failed"),  # not timed on both: left out
+            row("interaction 4096x512->512", "d", 3.0)]
+    line = bench.mlp_target_line(rows)
+    assert line.endswith(f"b, 1.41x ({up} 1.44x, {down} 1.41x): met"), line
+    assert bench.mlp_target_line(rows, target=1.45).endswith("not met")
+    assert "no variant" in bench.mlp_target_line([row(up, "bf16 nn.Linear", 1.0)])

@@ -71,9 +71,10 @@ class PrecisionPolicy:
     # Every kind stays bf16 unless the config names a recipe for it, so turning one thing to FP8 (say
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
     # round, and 2026-12-03): "tensorwise" with delayed scaling (what "auto" gives it), 1.44-1.48x bf16 over the
-    # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); interaction-sized layers lose in FP8
-    # (0.12-0.22x, host-bound). Held-out NE of FP8-linear training, current and delayed scaling alike, is inside
-    # run-to-run noise (three seeds), but the 0.1% target is below that noise.
+    # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); on an H100 with wgrad="recipe",
+    # 1.38-1.41x, and 1.42-1.43x with fast_accum="all". Interaction-sized layers lose in FP8 (0.12-0.22x,
+    # host-bound). Held-out NE over 51 seed pairs (H100, 600 steps, tensorwise delayed): +0.04% click, -0.19%
+    # conversion against bf16, standard errors 0.06% and 0.13% (configs/gem_medium.yaml shows the policy).
     attention: str = "bf16"
     mlp: str = "bf16"
     interaction: str = "bf16"

@@ -327,6 +327,7 @@ def fit_distributed(tr) -> dict:
     from train.trainer import lr_factor
 
     c = tr.cfg
+    tr.data_wait = None  # the pipelined loop overlaps data waits with its other stages: not measured apart
     pcfg = ParallelConfig.from_dict(getattr(c, "distributed", None))
     info = tdist.setup(c.train.device, pcfg.timeout_s)
     main = info.is_main

@@ -175,6 +175,9 @@ class Trainer:
         self.examples_seen = 0
         self.events_seen = 0
         self.train_time = 0.0
+        # Seconds this process's training loop waited for its next batch (not kept in checkpoints; None where the
+        # loop does not measure it: the distributed loop overlaps the wait with its pipeline).
+        self.data_wait: float | None = 0.0
         self.padding = PaddingStats()
         self.loader_state: Any = None
         self._tb = None
@@ -323,6 +326,7 @@ class Trainer:
             while self.step < total:
                 t_iter = time.perf_counter()
                 item = pf.next()
+                self.data_wait += time.perf_counter() - t_iter
                 if item is None:
                     self.log(f"the training data ran out after {self.step} steps (data.epochs={c.data.epochs})")
                     break
@@ -570,6 +574,8 @@ class Trainer:
             "examples": self.examples_seen,
             "events": self.events_seen,
             "train_seconds": self.train_time,
+            "data_wait_seconds": self.data_wait,
+            "eval_seconds": last_eval["seconds"] if last_eval else None,
             "wall_seconds": wall,
             "examples_per_s": self.examples_seen / self.train_time if self.train_time else 0.0,
             "events_per_s": self.events_seen / self.train_time if self.train_time else 0.0,

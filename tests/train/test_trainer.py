@@ -40,6 +40,10 @@ def test_tiny_model_learns_and_the_no_history_switch_applies(tiny_cfg, tmp_path)
     evals = [r for r in evals if r["kind"] == "eval"]
     assert evals and evals[-1]["ne_expected/click"] == with_h["eval"]["click"]["ne_expected"]
     assert with_h["steps"] == 250 and with_h["examples_per_s"] > 0 and with_h["events_per_s"] > 0
+    # where the wall time went: steps, waits for batches and the final evaluation, none counted twice
+    for s in (with_h, without):
+        assert s["data_wait_seconds"] >= 0 and s["eval_seconds"] > 0
+        assert s["train_seconds"] + s["data_wait_seconds"] + s["eval_seconds"] <= s["wall_seconds"]
     assert without["events"] > 0  # the batches still carried histories; the model ignored them
     # the planted history signal is learned: clearly better than the same model without the history
     ne_h, ne_nh = with_h["eval"]["click"]["ne"], without["eval"]["click"]["ne"]

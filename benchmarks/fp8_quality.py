@@ -182,8 +182,8 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
     """Markdown rows: held-out NE, recalibrated and expected NE per task and their relative differences (variant /
     baseline of the same seed - 1) in %."""
     head = [f"{t} {label} | rel. diff" for label in METRICS.values() for t in TASKS]
-    rows = ["| variant | " + " | ".join(head) + " | steps | train s | last-window ex/s | status |",
-            "|---" * (2 * len(head) + 5) + "|"]
+    rows = ["| variant | " + " | ".join(head) + " | steps | wall s | train s | data wait s | eval s | last-window ex/s "
+            "| status |", "|---" * (2 * len(head) + 8) + "|"]
     for name, s in results.items():
         cells = [name]
         is_base = split_seed(name)[0] == baseline
@@ -193,7 +193,9 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
                           "" if is_base else f"{rel_diff(results, name, t, baseline, metric):+.3f}%"]
         ok = s is not None and "error" not in s
         last = (s or {}).get("train_last") or {}
-        cells += [str(s.get("steps", "")) if s else "", f"{s.get('train_seconds', math.nan):.1f}" if s else "",
+        secs = [f"{s[k]:.1f}" if s and isinstance(s.get(k), int | float) else ""
+                for k in ("wall_seconds", "train_seconds", "data_wait_seconds", "eval_seconds")]
+        cells += [str(s.get("steps", "")) if s else "", *secs,
                   f"{last['examples_per_s']:.0f}" if "examples_per_s" in last else "",
                   "ok" if ok else f"FAILED {(s or {}).get('error', 'no summary')}"[:160]]
         rows.append("| " + " | ".join(cells) + " |")

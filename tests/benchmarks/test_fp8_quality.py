@@ -172,3 +172,18 @@ def test_mps_needs_the_control_program_and_a_gpu_run(tmp_path):
             pass
     with pytest.raises(mod.QualityError, match="--mps is for GPU runs"):
         mod.main(["--cpu", "--mps", "--steps", "1", "--run-root", str(tmp_path / "runs")])
+
+
+def test_run_table_shows_where_each_run_spent_its_wall_time():
+    mod = _load()
+    ev = {"click": {"ne": 0.8}, "conversion": {"ne": 0.9}}
+    run = dict(eval=ev, steps=5, wall_seconds=20.0, train_seconds=12.0, data_wait_seconds=3.0, eval_seconds=1.5)
+    res = {"bf16": run, "tensorwise": {**run, "data_wait_seconds": None}, "rowwise": None}
+    header, rule, *rows = mod.table(res)
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert len(cols) == rule.count("|---") and len(rows) == 3
+    cells = {r.split(" | ")[0].strip("| "): [c.strip() for c in r.strip("|").split("|")] for r in rows}
+    at = {name: cols.index(name) for name in ("wall s", "train s", "data wait s", "eval s", "status")}
+    assert [cells["bf16"][at[k]] for k in ("wall s", "train s", "data wait s", "eval s")] == ["20.0", "12.0", "3.0", "1.5"]
+    assert cells["tensorwise"][at["data wait s"]] == ""  # not measured (a distributed run)
+    assert cells["rowwise"][at["status"]].startswith("FAILED")

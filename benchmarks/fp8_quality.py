@@ -357,8 +357,9 @@ def mps_daemon(root: Path, search: str = MPS_SEARCH):
         subprocess.run([exe], input="quit\n", env=full, capture_output=True, text=True)
 
 
-def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, extra: list[str]) -> subprocess.Popen:
-    env = {**os.environ, **getattr(args, "child_env", {})}
+def _spawn(name: str, run_dir: Path, gpu: str | None, args: argparse.Namespace, extra: list[str],
+           env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, **(env_extra or {})}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -402,9 +403,11 @@ def pick_gpu(gpus: list[str | None], busy: list[str | None], per_gpu: int,
     return min(free, key=lambda g: load[g]) if free else False
 
 
-def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict | None]:
+def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str],
+                 env_extra: dict[str, str] | None = None) -> dict[str, dict | None]:
     """``--parallel`` processes at a time, at most ceil(parallel / len(gpus)) on one GPU: each new run goes to
-    a ready GPU with the fewest runs on it (so with --parallel equal to the GPU count, one run per GPU)."""
+    a ready GPU with the fewest runs on it (so with --parallel equal to the GPU count, one run per GPU).
+    ``env_extra``: variables every run's process gets on top of this one's (the MPS daemon's, with --mps)."""
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus else [None]
     per_gpu = -(-args.parallel // len(gpus))
     after = dict(_parse_after(a) for a in args.gpu_after)
@@ -430,7 +433,7 @@ def run_parallel(names: list[str], args: argparse.Namespace, extra: list[str]) -
             if gpu is False:
                 break
             n = pending.pop(0)
-            running[n] = _spawn(n, args.run_root / _dir_name(n), gpu, args, extra)
+            running[n] = _spawn(n, args.run_root / _dir_name(n), gpu, args, extra, env_extra)
             on_gpu[n] = gpu
             print(f"{n}: started on GPU {gpu}", file=sys.stderr, flush=True)
         time.sleep(1.0)
@@ -567,9 +570,8 @@ def main(argv: list[str]) -> int:
     elif args.in_process:
         results = run_grouped(names, args, extra)
     else:  # one process per variant (with --cpu and --parallel > 1: the same path on CPU)
-        with mps_daemon(args.run_root) if args.mps else contextlib.nullcontext({}) as child_env:
-            args.child_env = child_env
-            results = run_parallel(names, args, extra)
+        with mps_daemon(args.run_root) if args.mps else contextlib.nullcontext({}) as mps_vars:
+            results = run_parallel(names, args, extra, mps_vars)
     where = "CPU (emulated recipes, demo schema, tiny model)" if args.cpu else "configs/gem_medium.yaml"
     print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "
           f"wall {time.perf_counter() - t0:.0f} s")

@@ -187,3 +187,18 @@ def test_run_table_shows_where_each_run_spent_its_wall_time():
     assert [cells["bf16"][at[k]] for k in ("wall s", "train s", "data wait s", "eval s")] == ["20.0", "12.0", "3.0", "1.5"]
     assert cells["tensorwise"][at["data wait s"]] == ""  # not measured (a distributed run)
     assert cells["rowwise"][at["status"]].startswith("FAILED")
+
+
+@pytest.mark.timeout(300)
+def test_runs_in_processes_of_their_own_and_reports_each(tmp_path):
+    # The GPU path's machinery (one process per run, collected summaries) on CPU with --parallel 2.
+    mod = _load()
+    out = tmp_path / "q.json"
+    rc = mod.main(["--cpu", "--steps", "2", "--variants", "bf16,tensorwise", "--parallel", "2",
+                   "--run-root", str(tmp_path / "runs"), "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert sorted(res) == ["bf16", "tensorwise"]
+    for name, s in res.items():
+        assert "error" not in s and s["steps"] == 2, (name, s)
+        assert (tmp_path / "runs" / mod._dir_name(name) / "summary.json").is_file()

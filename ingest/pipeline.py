@@ -44,9 +44,12 @@ def catching(fn):
 
 # Epoch streams not yet finished. A stream abandoned mid-epoch (a trainer that reached its step count)
 # still has pool threads inside pyarrow; left running into interpreter teardown they abort the process
-# ("terminate called without an active exception"), so exit closes every live stream first.
+# ("terminate called without an active exception"), so exit closes every live stream first, and waits for
+# the releases already under way (a stream dropped just before exit releases its pools in the background).
 LIVE_STREAMS: weakref.WeakSet = weakref.WeakSet()
+_RELEASING: set[threading.Thread] = set()
 _EXITING = False
+EXIT_RELEASE_TIMEOUT_S = 30.0  # each release joins its pools' threads, up to a 0.1 s poll each
 
 
 @atexit.register
@@ -55,13 +58,24 @@ def _close_live_streams() -> None:
     _EXITING = True
     for stream in list(LIVE_STREAMS):
         stream.close()
+    for thread in list(_RELEASING):
+        thread.join(EXIT_RELEASE_TIMEOUT_S)
+
+
+def _release(objs: list) -> None:
+    try:
+        objs.clear()
+    finally:
+        _RELEASING.discard(threading.current_thread())
 
 
 def release_in_background(objs: list) -> None:
     if _EXITING:  # no new thread at exit: release in place, which joins the pools' threads
         objs.clear()
         return
-    threading.Thread(target=objs.clear, daemon=True, name="gemtrain-loader-release").start()
+    thread = threading.Thread(target=_release, args=(objs,), daemon=True, name="gemtrain-loader-release")
+    _RELEASING.add(thread)
+    thread.start()
 
 
 def ended(items):

@@ -24,7 +24,10 @@ on the demo schema and a tiny model: a check that the pipeline works, not a qual
 files (each run paired with the bf16 run of its own file and seed), then the NE difference against the target: its
 95% interval over the pairs, whether that lies inside ±0.1%, whether it excludes a loss above 0.1%, and the pairs a
 ±0.1% interval needs at that spread. The device time of one session trains a few seed pairs, so the runs kept in
-``benchmarks/quality/`` add up across sessions.
+``benchmarks/quality/`` add up across sessions. ``--no-bf16`` trains only the named variants: a file of such runs
+is paired at ``--pool`` time with the bf16 runs of the same seeds in a kept file of the same setup, so a call's
+every run is a new pair (the bf16 run of a seed, trained again, differs from the first by as much as an FP8 run
+does: the pairing shares the seed, not the trajectory).
 
 ``--seeds 0,1,2`` trains every variant once per seed (``train.seed``: model init and batch order; the data
 stays the same) and compares each run with the bf16 run of its own seed. Short runs are chaotic (any
@@ -282,30 +285,64 @@ def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, ba
     return rows
 
 
-def pool(result_sets: list[dict[str, dict | None]]) -> dict[str, dict | None]:
+SETUP_KEYS = ("name", "steps", "eval_rows", "examples")  # what two runs must share to be paired across files
+
+
+def _setup(summary: dict | None) -> tuple:
+    return tuple((summary or {}).get(k) for k in SETUP_KEYS)
+
+
+def pool(result_sets: list[dict[str, dict | None]],
+         baseline: str = "bf16") -> tuple[dict[str, dict | None], list[tuple[int, str, int]]]:
     """Several runs' results (``--json`` files) as one, for the seed tables: each set's seeds get numbers of
     their own (seed s of set i becomes the i-th set's next free number), so every run stays paired with the
-    bf16 run of its own set and seed, and the tables pool the paired differences over all sets."""
+    bf16 run of its own set and seed, and the tables pool the paired differences over all sets.
+
+    A set without a bf16 run for one of its seeds (``--no-bf16``) borrows the bf16 run of that seed from the
+    first other set that has one of the same setup (config, steps, held-out rows, examples): short runs are
+    chaotic enough that a bf16 run of the same seed trained in another call is as good a partner as one
+    trained beside it. Returns the pooled runs and, per borrowing, (set, its seeds, lending set)."""
+    lenders: dict[tuple[int, tuple], tuple[int, dict | None]] = {}
+    for i, results in enumerate(result_sets):
+        for run, summary in results.items():
+            name, sd = split_seed(run)
+            if name == baseline and summary and "error" not in summary:
+                lenders.setdefault((sd, _setup(summary)), (i, summary))
     out: dict[str, dict | None] = {}
+    notes: list[tuple[int, str, int]] = []
     base = 0
-    for results in result_sets:
+    for i, results in enumerate(result_sets):
         seeds = sorted({sd for sd in (split_seed(r)[1] for r in results) if sd is not None})
-        renumber = {sd: base + i for i, sd in enumerate(seeds)}
+        renumber = {sd: base + k for k, sd in enumerate(seeds)}
         for run, summary in results.items():
             name, sd = split_seed(run)
             if sd is None:
                 raise QualityError(f"fp8_quality: --pool needs runs with seeds (name{SEED_SEP}N), got {run!r}")
             out[with_seed(name, renumber[sd])] = summary
+        borrowed = []
+        for sd in seeds:
+            if with_seed(baseline, sd) in results:
+                continue
+            setups = {_setup(s) for r, s in results.items() if split_seed(r)[1] == sd and s and "error" not in s}
+            lender = next((lenders[(sd, st)] for st in setups if (sd, st) in lenders and lenders[(sd, st)][0] != i),
+                          None)
+            if lender is not None:
+                out[with_seed(baseline, renumber[sd])] = lender[1]
+                borrowed.append((sd, lender[0]))
+        for j in sorted({j for _, j in borrowed}):
+            notes.append((i, ",".join(str(sd) for sd, k in borrowed if k == j), j))
         base += len(seeds)
-    return out
+    return out, notes
 
 
 def pooled_tables(files: list[Path]) -> list[str]:
     """The seed tables (every metric) over the paired runs of several ``--json`` files."""
     sets = [json.loads(f.read_text()) for f in files]
-    results = pool(sets)
+    results, borrowings = pool(sets)
     rows = [f"## Pooled over {len(files)} result files ({', '.join(f.name for f in files)}): "
-            f"{sum(1 for r in results if split_seed(r)[0] == 'bf16')} seeds"]
+            f"{sum(1 for s in sets for r in s if split_seed(r)[0] == 'bf16')} bf16 runs"]
+    rows += [f"- {files[i].name}: seeds {seeds} paired with the bf16 runs of {files[j].name}"
+             for i, seeds, j in borrowings]
     for metric, label in METRICS.items():
         rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
     rows += ["", f"### NE against the target (relative difference <= {TARGET_PCT:g}%; positive: the variant's NE is "
@@ -520,6 +557,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--mps", action="store_true",
                     help="GPU: run the processes under CUDA's Multi-Process Service (their kernels share the GPU "
                          "at once instead of in time slices); starts and stops the daemon")
+    ap.add_argument("--no-bf16", action="store_true",
+                    help="GPU: train only the named variants; --pool pairs them with the bf16 runs of the same "
+                         "seeds in the other files (kept runs of the same command), so each new run is a new pair")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
     args = ap.parse_args(argv)
     if args.pool:
@@ -550,7 +590,7 @@ def main(argv: list[str]) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise QualityError(f"fp8_quality: unknown variants {unknown}; known: {list(VARIANTS)}")
-    if "bf16" not in names:
+    if "bf16" not in names and not args.no_bf16:
         names.insert(0, "bf16")
     if args.seeds:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]

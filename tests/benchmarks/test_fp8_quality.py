@@ -107,7 +107,8 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
     # Both files hold seed 0; pooled, file a's FP8 run (+1%) must still meet file a's baseline, not file b's.
     a = {"bf16 seed=0": ev(0.80), "tensorwise seed=0": ev(0.808)}
     b = {"bf16 seed=0": ev(0.90), "tensorwise seed=0": ev(0.882), "bf16 seed=3": ev(0.70), "tensorwise seed=3": ev(0.70)}
-    pooled = mod.pool([a, b])
+    pooled, borrowed = mod.pool([a, b])
+    assert borrowed == []
     assert sorted(pooled) == sorted(mod.with_seed(n, s) for n in ("bf16", "tensorwise") for s in (0, 1, 2))
     diffs = sorted(mod.rel_diff(pooled, mod.with_seed("tensorwise", s), "click") for s in (0, 1, 2))
     assert [round(d, 9) for d in diffs] == [-2.0, 0.0, 1.0]
@@ -121,6 +122,31 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
     assert row.split(" | ")[1:3] == ["3", "-0.333%"]  # three pairs: +1%, -2%, 0%
     with pytest.raises(mod.QualityError, match="seeds"):
         mod.pool([{"bf16": ev(0.8)}])
+
+
+def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp_path, capsys):
+    mod = _load()
+    ev = lambda click, steps=5: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": steps,
+                                 "name": "gem_medium", "eval_rows": 64, "examples": 160}
+    kept = {"bf16 seed=4": ev(0.80), "tensorwise seed=4": ev(0.80), "bf16 seed=5": ev(0.90)}
+    other_setup = {"bf16 seed=6": ev(0.50, steps=9)}  # same seed as below, other steps: never a partner
+    new = {"fast seed=4": ev(0.808), "fast seed=5": ev(0.891), "fast seed=6": ev(0.6)}
+    pooled, borrowed = mod.pool([kept, other_setup, new])
+    assert borrowed == [(2, "4,5", 0)]
+    fast = sorted(r for r in pooled if mod.split_seed(r)[0] == "fast")
+    diffs = sorted(mod.rel_diff(pooled, r, "click") for r in fast)
+    assert [round(d, 9) for d in diffs[:2]] == [-1.0, 1.0] and math.isnan(diffs[2])  # seed 6 stays unpaired
+    # the kept file's own pair is untouched, and its bf16 runs still count once in the baseline's spread
+    assert mod.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
+    files = []
+    for name, res in (("kept.json", kept), ("other.json", other_setup), ("new.json", new)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(res))
+    assert mod.main(["--pool", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert "3 bf16 runs" in out and "new.json: seeds 4,5 paired with the bf16 runs of kept.json" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| fast |"))
+    assert row.split(" | ")[1:3] == ["2", "+0.000%"]
 
 
 def test_kept_quality_runs_pool():

@@ -58,7 +58,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = ("click", "conversion")
+sys.path.insert(0, str(REPO))  # run as a script: `benchmarks` importable
+from benchmarks.quality_stats import (  # noqa: E402
+    METRICS,
+    QualityError,
+    pooled_tables,
+    seed_table,
+    split_seed,
+    table,
+    with_seed,
+)
 
 # name -> the run config's precision: section ({} = no section: plain bf16 autocast on the GPU, fp32 on CPU).
 # Interaction layers stay bf16 in every variant (their 160-wide input is no multiple of 128, and at these
@@ -96,29 +105,11 @@ COMMON = ["--logging.progress=false", "--logging.tensorboard=false", "--logging.
           "--checkpoint.at_end=false"]
 
 
-class QualityError(RuntimeError):
-    """A variant name or run that the quality comparison cannot use."""
-
-
 def precision_overrides(policy: dict[str, object], emulate: bool) -> list[str]:
     pol = dict(policy)
     if emulate and pol:
         pol["emulate"] = "true"
     return [f"--precision.{k}={v}" for k, v in pol.items()]
-
-
-SEED_SEP = " seed="
-
-
-def with_seed(name: str, seed: int | None) -> str:
-    """The run name of a variant trained with ``train.seed = seed`` (the plain name for None)."""
-    return name if seed is None else f"{name}{SEED_SEP}{seed}"
-
-
-def split_seed(run: str) -> tuple[str, int | None]:
-    """(variant, seed) of a run name made by :func:`with_seed`."""
-    name, sep, seed = run.rpartition(SEED_SEP)
-    return (name, int(seed)) if sep and seed.isdigit() else (run, None)
 
 
 def variant_overrides(run: str, steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -> list[str]:
@@ -160,204 +151,6 @@ def write_data(steps: int, data_dir: Path | None, cpu: bool, extra: list[str]) -
 
     cfg = load_run_config(config_path(cpu), variant_overrides("bf16", steps, data_dir, cpu, extra))
     ensure_synthetic(cfg, load_schema(cfg.schema_path()), log=lambda m: print(m, file=sys.stderr))
-
-
-# Held-out NE as the issue defines it, and NE after one out-of-fold logit shift per task (train.metrics): the
-# part a run's calibration offset does not explain (most of the run-to-run spread of short runs sits there).
-METRICS = {"ne": "NE", "ne_recalibrated": "recalibrated NE", "ne_expected": "expected NE"}
-TARGET_PCT = 0.1  # the issue's bound on the relative NE difference, in %
-
-
-def ne_of(summary: dict | None, task: str, metric: str = "ne") -> float:
-    ev = (summary or {}).get("eval") or {}
-    return float(ev.get(task, {}).get(metric, math.nan))
-
-
-def rel_diff(results: dict[str, dict | None], run: str, task: str, baseline: str = "bf16",
-             metric: str = "ne") -> float:
-    """(run / bf16 run of the same seed - 1) in %; NaN where either run has no NE."""
-    base = with_seed(baseline, split_seed(run)[1])
-    ne, b = ne_of(results.get(run), task, metric), ne_of(results.get(base), task, metric)
-    return (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
-
-
-def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
-    """Markdown rows: held-out NE, recalibrated and expected NE per task and their relative differences (variant /
-    baseline of the same seed - 1) in %."""
-    head = [f"{t} {label} | rel. diff" for label in METRICS.values() for t in TASKS]
-    rows = ["| variant | " + " | ".join(head) + " | steps | wall s | train s | data wait s | eval s | last-window ex/s "
-            "| status |", "|---" * (2 * len(head) + 8) + "|"]
-    for name, s in results.items():
-        cells = [name]
-        is_base = split_seed(name)[0] == baseline
-        for metric in METRICS:
-            for t in TASKS:
-                cells += [f"{ne_of(s, t, metric):.5f}",
-                          "" if is_base else f"{rel_diff(results, name, t, baseline, metric):+.3f}%"]
-        ok = s is not None and "error" not in s
-        last = (s or {}).get("train_last") or {}
-        secs = [f"{s[k]:.1f}" if s and isinstance(s.get(k), int | float) else ""
-                for k in ("wall_seconds", "train_seconds", "data_wait_seconds", "eval_seconds")]
-        cells += [str(s.get("steps", "")) if s else "", *secs,
-                  f"{last['examples_per_s']:.0f}" if "examples_per_s" in last else "",
-                  "ok" if ok else f"FAILED {(s or {}).get('error', 'no summary')}"[:160]]
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
-
-
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan)
-
-
-def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: str = "ne") -> list[str]:
-    """Per variant, over the seeds whose runs both finished: the mean paired relative NE difference, its
-    standard deviation across seeds and the standard error of the mean; for the baseline the spread of its
-    NE across seeds (max / min - 1), the scale of seed-to-seed noise. ``metric``: a key of METRICS."""
-    rows = ["| variant | seeds | click: mean rel. diff | sd | s.e. | conversion: mean rel. diff | sd | s.e. |",
-            "|---|---|---|---|---|---|---|---|"]
-    variants = list(dict.fromkeys(split_seed(r)[0] for r in results))
-    for v in variants:
-        runs = [r for r in results if split_seed(r)[0] == v]
-        if v == baseline:
-            cells = [f"{v} (spread across seeds)", str(len(runs))]
-            for t in TASKS:
-                nes = [ne_of(results[r], t, metric) for r in runs if math.isfinite(ne_of(results[r], t, metric))]
-                spread = (max(nes) / min(nes) - 1.0) * 100 if len(nes) > 1 else math.nan
-                cells += [f"{spread:.3f}%", "", ""]
-            rows.append("| " + " | ".join(cells) + " |")
-            continue
-        cells = [v, ""]
-        n_ok = 0
-        for t in TASKS:
-            d = [x for x in (rel_diff(results, r, t, baseline, metric) for r in runs) if math.isfinite(x)]
-            n_ok = max(n_ok, len(d))
-            m, sd = _mean_std(d) if d else (math.nan, math.nan)
-            cells += [f"{m:+.3f}%", f"{sd:.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
-        cells[1] = str(n_ok)
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """Student's t quantile (two-sided intervals of a mean over few seeds), by bisection on the CDF integrated
-    with Simpson's rule: no scipy in the project's dependencies."""
-    log_norm = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
-
-    def cdf(x: float, n: int = 2000) -> float:  # x >= 0
-        h = x / n
-        f = [math.exp(log_norm - (dof + 1) / 2 * math.log1p((i * h) ** 2 / dof)) for i in range(n + 1)]
-        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, baseline: str = "bf16",
-                 metric: str = "ne") -> list[str]:
-    """Per variant and task, the paired relative NE difference against the target: its 95% interval (Student's
-    t over the seed pairs), whether the interval lies inside ±target (the difference is resolved as within the
-    target), whether it excludes a loss of more than the target (upper end <= +target: positive is worse), and
-    about how many pairs at this spread give an interval of half-width ``target``."""
-    rows = [f"| variant | task | pairs | mean rel. diff | 95% interval | inside ±{target:g}% | "
-            f"worse by > {target:g}% excluded | pairs for ±{target:g}% |", "|---|---|---|---|---|---|---|---|"]
-    for v in dict.fromkeys(split_seed(r)[0] for r in results):
-        if v == baseline:
-            continue
-        runs = [r for r in results if split_seed(r)[0] == v]
-        for t in TASKS:
-            d = [x for x in (rel_diff(results, r, t, baseline, metric) for r in runs) if math.isfinite(x)]
-            if len(d) < 2:
-                rows.append(f"| {v} | {t} | {len(d)} | | | | | |")
-                continue
-            m, sd = _mean_std(d)
-            half = t_quantile(0.975, len(d) - 1) * sd / math.sqrt(len(d))
-            lo, hi = m - half, m + half
-            need = math.ceil((1.96 * sd / target) ** 2)
-            rows.append(f"| {v} | {t} | {len(d)} | {m:+.3f}% | {lo:+.3f}% to {hi:+.3f}% | "
-                        f"{'yes' if -target <= lo and hi <= target else 'no'} | {'yes' if hi <= target else 'no'} | "
-                        f"{need} |")
-    return rows
-
-
-SETUP_KEYS = ("name", "steps", "eval_rows", "examples")  # what two runs must share to be paired across files
-
-
-def _setup(summary: dict | None) -> tuple:
-    return tuple((summary or {}).get(k) for k in SETUP_KEYS)
-
-
-def pool(result_sets: list[dict[str, dict | None]],
-         baseline: str = "bf16") -> tuple[dict[str, dict | None], list[tuple[int, str, int]]]:
-    """Several runs' results (``--json`` files) as one, for the seed tables: each set's seeds get numbers of
-    their own (seed s of set i becomes the i-th set's next free number), so every run stays paired with the
-    bf16 run of its own set and seed, and the tables pool the paired differences over all sets.
-
-    A set without a bf16 run for one of its seeds (``--no-bf16``) borrows the bf16 run of that seed from the
-    first other set that has one of the same setup (config, steps, held-out rows, examples): short runs are
-    chaotic enough that a bf16 run of the same seed trained in another call is as good a partner as one
-    trained beside it. Returns the pooled runs and, per borrowing, (set, its seeds, lending set)."""
-    lenders: dict[tuple[int, tuple], tuple[int, dict | None]] = {}
-    for i, results in enumerate(result_sets):
-        for run, summary in results.items():
-            name, sd = split_seed(run)
-            if name == baseline and summary and "error" not in summary:
-                lenders.setdefault((sd, _setup(summary)), (i, summary))
-    out: dict[str, dict | None] = {}
-    notes: list[tuple[int, str, int]] = []
-    base = 0
-    for i, results in enumerate(result_sets):
-        seeds = sorted({sd for sd in (split_seed(r)[1] for r in results) if sd is not None})
-        renumber = {sd: base + k for k, sd in enumerate(seeds)}
-        for run, summary in results.items():
-            name, sd = split_seed(run)
-            if sd is None:
-                raise QualityError(f"fp8_quality: --pool needs runs with seeds (name{SEED_SEP}N), got {run!r}")
-            out[with_seed(name, renumber[sd])] = summary
-        borrowed = []
-        for sd in seeds:
-            if with_seed(baseline, sd) in results:
-                continue
-            setups = {_setup(s) for r, s in results.items() if split_seed(r)[1] == sd and s and "error" not in s}
-            lender = next((lenders[(sd, st)] for st in setups if (sd, st) in lenders and lenders[(sd, st)][0] != i),
-                          None)
-            if lender is not None:
-                out[with_seed(baseline, renumber[sd])] = lender[1]
-                borrowed.append((sd, lender[0]))
-        for j in sorted({j for _, j in borrowed}):
-            notes.append((i, ",".join(str(sd) for sd, k in borrowed if k == j), j))
-        base += len(seeds)
-    return out, notes
-
-
-def pooled_tables(files: list[Path]) -> list[str]:
-    """The seed tables (every metric) over the paired runs of several ``--json`` files."""
-    sets = [json.loads(f.read_text()) for f in files]
-    results, borrowings = pool(sets)
-    rows = [f"## Pooled over {len(files)} result files ({', '.join(f.name for f in files)}): "
-            f"{sum(1 for s in sets for r in s if split_seed(r)[0] == 'bf16')} bf16 runs"]
-    rows += [f"- {files[i].name}: seeds {seeds} paired with the bf16 runs of {files[j].name}"
-             for i, seeds, j in borrowings]
-    for metric, label in METRICS.items():
-        rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
-    rows += ["", f"### NE against the target (relative difference <= {TARGET_PCT:g}%; positive: the variant's NE is "
-             "higher, worse)", *target_table(results)]
-    return rows
-
-
-def max_rel_diff(results: dict[str, dict | None], baseline: str = "bf16") -> dict[str, float]:
-    """Largest |relative NE difference| over the tasks, per variant (NaN where a run failed)."""
-    out = {}
-    for name, s in results.items():
-        base = results.get(with_seed(baseline, split_seed(name)[1]))
-        diffs = [abs(ne_of(s, t) / ne_of(base, t) - 1.0) for t in TASKS]
-        out[name] = max(diffs) if all(math.isfinite(d) for d in diffs) else math.nan
-    return out
 
 
 MPS_CONTROL = "nvidia-cuda-mps-control"

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from benchmarks import quality_stats as stats
 from tests.conftest import REPO
 
 
@@ -33,7 +34,7 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
         assert s["steps"] == 3 and s["eval_rows"] > 0, name
         assert all(math.isfinite(s["eval"][t][m]) for t in ("click", "conversion")
                    for m in ("ne", "ne_recalibrated", "ne_expected")), name
-    diffs = mod.max_rel_diff(res)
+    diffs = stats.max_rel_diff(res)
     assert diffs["bf16 (repeat)"] == 0.0  # same seed, data and steps: CPU runs are deterministic
     assert 0.0 < diffs["tensorwise"] < 0.05  # emulated FP8 changes the numbers, not the model
     assert 0.0 < diffs["fp8 attention kernel"] < 0.05
@@ -72,8 +73,8 @@ def test_pick_gpu_keeps_one_run_per_gpu_and_waits_for_a_gpu_held_by_a_benchmark(
 
 def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
     mod = _load()
-    run = mod.with_seed("blockwise wgrad=bf16", 2)
-    assert mod.split_seed(run) == ("blockwise wgrad=bf16", 2) and mod.split_seed("bf16") == ("bf16", None)
+    run = stats.with_seed("blockwise wgrad=bf16", 2)
+    assert stats.split_seed(run) == ("blockwise wgrad=bf16", 2) and stats.split_seed("bf16") == ("bf16", None)
     assert mod.variant_overrides(run, 5, None, cpu=True, extra=[])[-1] == "--train.seed=2"
 
     def summary(click, conv):  # recalibrated NE: half the NE (the seeded tables read either metric)
@@ -84,21 +85,21 @@ def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
            "bf16 seed=1": summary(0.90, 1.00), "tensorwise seed=1": summary(0.891, 1.01),
            "bf16 seed=2": summary(0.85, 1.00), "tensorwise seed=2": {"error": "stopped"}}
     # Paired: seed 0 against 0.80, not against another seed's baseline.
-    assert math.isclose(mod.rel_diff(res, "tensorwise seed=0", "click"), 1.0)
-    assert math.isclose(mod.rel_diff(res, "tensorwise seed=1", "click"), -1.0)
-    assert math.isnan(mod.rel_diff(res, "tensorwise seed=2", "click"))
-    assert math.isclose(mod.max_rel_diff(res)["tensorwise seed=1"], 0.01)
-    rows = {r.split(" | ")[0].strip("| "): r for r in mod.seed_table(res)}
+    assert math.isclose(stats.rel_diff(res, "tensorwise seed=0", "click"), 1.0)
+    assert math.isclose(stats.rel_diff(res, "tensorwise seed=1", "click"), -1.0)
+    assert math.isnan(stats.rel_diff(res, "tensorwise seed=2", "click"))
+    assert math.isclose(stats.max_rel_diff(res)["tensorwise seed=1"], 0.01)
+    rows = {r.split(" | ")[0].strip("| "): r for r in stats.seed_table(res)}
     tw = rows["tensorwise"].split(" | ")
     assert tw[1] == "2"  # the failed seed-2 run is left out
     assert tw[2] == "+0.000%" and tw[3] == "1.414%"  # mean of +1% and -1%, sample sd
     assert tw[5] == "+0.000%"  # conversion: -1% and +1%
     assert rows["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"  # 0.90 / 0.80 - 1
-    recal = {r.split(" | ")[0].strip("| "): r for r in mod.seed_table(res, metric="ne_recalibrated")}
+    recal = {r.split(" | ")[0].strip("| "): r for r in stats.seed_table(res, metric="ne_recalibrated")}
     assert recal["tensorwise"].split(" | ")[2] == "+0.000%"  # the same relative differences, other values
     assert recal["bf16 (spread across seeds)"].split(" | ")[2] == "12.500%"
-    assert math.isclose(mod.rel_diff(res, "tensorwise seed=0", "click", metric="ne_recalibrated"), 1.0)
-    assert math.isclose(mod.ne_of(res["bf16 seed=0"], "click", "ne_recalibrated"), 0.40)
+    assert math.isclose(stats.rel_diff(res, "tensorwise seed=0", "click", metric="ne_recalibrated"), 1.0)
+    assert math.isclose(stats.ne_of(res["bf16 seed=0"], "click", "ne_recalibrated"), 0.40)
 
 
 def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, capsys):
@@ -107,10 +108,10 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
     # Both files hold seed 0; pooled, file a's FP8 run (+1%) must still meet file a's baseline, not file b's.
     a = {"bf16 seed=0": ev(0.80), "tensorwise seed=0": ev(0.808)}
     b = {"bf16 seed=0": ev(0.90), "tensorwise seed=0": ev(0.882), "bf16 seed=3": ev(0.70), "tensorwise seed=3": ev(0.70)}
-    pooled, borrowed = mod.pool([a, b])
+    pooled, borrowed = stats.pool([a, b])
     assert borrowed == []
-    assert sorted(pooled) == sorted(mod.with_seed(n, s) for n in ("bf16", "tensorwise") for s in (0, 1, 2))
-    diffs = sorted(mod.rel_diff(pooled, mod.with_seed("tensorwise", s), "click") for s in (0, 1, 2))
+    assert sorted(pooled) == sorted(stats.with_seed(n, s) for n in ("bf16", "tensorwise") for s in (0, 1, 2))
+    diffs = sorted(stats.rel_diff(pooled, stats.with_seed("tensorwise", s), "click") for s in (0, 1, 2))
     assert [round(d, 9) for d in diffs] == [-2.0, 0.0, 1.0]
     files = []
     for name, res in (("a.json", a), ("b.json", b)):
@@ -121,7 +122,7 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
     row = next(ln for ln in out.splitlines() if ln.startswith("| tensorwise |"))
     assert row.split(" | ")[1:3] == ["3", "-0.333%"]  # three pairs: +1%, -2%, 0%
     with pytest.raises(mod.QualityError, match="seeds"):
-        mod.pool([{"bf16": ev(0.8)}])
+        stats.pool([{"bf16": ev(0.8)}])
 
 
 def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp_path, capsys):
@@ -131,13 +132,13 @@ def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp
     kept = {"bf16 seed=4": ev(0.80), "tensorwise seed=4": ev(0.80), "bf16 seed=5": ev(0.90)}
     other_setup = {"bf16 seed=6": ev(0.50, steps=9)}  # same seed as below, other steps: never a partner
     new = {"fast seed=4": ev(0.808), "fast seed=5": ev(0.891), "fast seed=6": ev(0.6)}
-    pooled, borrowed = mod.pool([kept, other_setup, new])
+    pooled, borrowed = stats.pool([kept, other_setup, new])
     assert borrowed == [(2, "4,5", 0)]
-    fast = sorted(r for r in pooled if mod.split_seed(r)[0] == "fast")
-    diffs = sorted(mod.rel_diff(pooled, r, "click") for r in fast)
+    fast = sorted(r for r in pooled if stats.split_seed(r)[0] == "fast")
+    diffs = sorted(stats.rel_diff(pooled, r, "click") for r in fast)
     assert [round(d, 9) for d in diffs[:2]] == [-1.0, 1.0] and math.isnan(diffs[2])  # seed 6 stays unpaired
     # the kept file's own pair is untouched, and its bf16 runs still count once in the baseline's spread
-    assert mod.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
+    assert stats.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
     files = []
     for name, res in (("kept.json", kept), ("other.json", other_setup), ("new.json", new)):
         files.append(tmp_path / name)
@@ -150,24 +151,21 @@ def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp
 
 
 def test_kept_quality_runs_pool():
-    mod = _load()
     files = sorted((REPO / "benchmarks" / "quality").glob("*.json"))
     assert files
-    rows = mod.pooled_tables(files)
+    rows = stats.pooled_tables(files)
     tw = [r for r in rows if r.startswith("| tensorwise delayed | ") and r.split(" | ")[1].isdigit()]
-    assert len(tw) == len(mod.METRICS) and all(int(r.split(" | ")[1]) >= 10 for r in tw)
+    assert len(tw) == len(stats.METRICS) and all(int(r.split(" | ")[1]) >= 10 for r in tw)
     verdict = [r for r in rows if r.startswith("| tensorwise delayed | click |")]
     assert len(verdict) == 1 and verdict[0].count("%") >= 3
 
 
 def test_t_quantile_matches_tables():
-    mod = _load()
     for dof, q in ((1, 12.7062), (4, 2.7764), (19, 2.0930), (50, 2.0086)):
-        assert math.isclose(mod.t_quantile(0.975, dof), q, abs_tol=2e-4), dof
+        assert math.isclose(stats.t_quantile(0.975, dof), q, abs_tol=2e-4), dof
 
 
 def test_target_table_reads_intervals_against_the_bound():
-    mod = _load()
     ev = lambda click, conv: {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}}
     res = {}
     # click: pairs +0.02%, -0.02%, +0.04%, 0% -> inside ±0.1%; conversion: -0.5%, -0.3%, -0.4%, -0.6% -> better,
@@ -175,16 +173,16 @@ def test_target_table_reads_intervals_against_the_bound():
     for s, (dc, dv) in enumerate(((0.02, -0.5), (-0.02, -0.3), (0.04, -0.4), (0.0, -0.6))):
         res[f"bf16 seed={s}"] = ev(1.0, 1.0)
         res[f"tensorwise seed={s}"] = ev(1.0 + dc / 100, 1.0 + dv / 100)
-    rows = {r.split(" | ")[1]: r.strip("| ").split(" | ") for r in mod.target_table(res) if "tensorwise" in r}
+    rows = {r.split(" | ")[1]: r.strip("| ").split(" | ") for r in stats.target_table(res) if "tensorwise" in r}
     click, conv = rows["click"], rows["conversion"]
     assert click[2:4] == ["4", "+0.010%"] and click[5:7] == ["yes", "yes"]
-    half = mod.t_quantile(0.975, 3) * mod._mean_std([0.02, -0.02, 0.04, 0.0])[1] / 2
+    half = stats.t_quantile(0.975, 3) * stats._mean_std([0.02, -0.02, 0.04, 0.0])[1] / 2
     assert click[4] == f"{0.01 - half:+.3f}% to {0.01 + half:+.3f}%"
     assert conv[3] == "-0.450%" and conv[5:7] == ["no", "yes"]
-    assert int(conv[7]) == math.ceil((1.96 * mod._mean_std([-0.5, -0.3, -0.4, -0.6])[1] / 0.1) ** 2)
+    assert int(conv[7]) == math.ceil((1.96 * stats._mean_std([-0.5, -0.3, -0.4, -0.6])[1] / 0.1) ** 2)
     # a variant worse by 0.5% on every seed: the loss is not excluded
     worse = {k.replace("tensorwise", "rowwise"): ev(1.005, 1.005) for k in res if k.startswith("tensorwise")}
-    rows = [r for r in mod.target_table({**res, **worse}) if r.startswith("| rowwise | click")]
+    rows = [r for r in stats.target_table({**res, **worse}) if r.startswith("| rowwise | click")]
     assert rows[0].strip("| ").split(" | ")[5:7] == ["no", "no"]
 
 
@@ -201,11 +199,10 @@ def test_mps_needs_the_control_program_and_a_gpu_run(tmp_path):
 
 
 def test_run_table_shows_where_each_run_spent_its_wall_time():
-    mod = _load()
     ev = {"click": {"ne": 0.8}, "conversion": {"ne": 0.9}}
     run = dict(eval=ev, steps=5, wall_seconds=20.0, train_seconds=12.0, data_wait_seconds=3.0, eval_seconds=1.5)
     res = {"bf16": run, "tensorwise": {**run, "data_wait_seconds": None}, "rowwise": None}
-    header, rule, *rows = mod.table(res)
+    header, rule, *rows = stats.table(res)
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert len(cols) == rule.count("|---") and len(rows) == 3
     cells = {r.split(" | ")[0].strip("| "): [c.strip() for c in r.strip("|").split("|")] for r in rows}

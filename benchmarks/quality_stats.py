@@ -86,7 +86,8 @@ def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: 
     variants = list(dict.fromkeys(split_seed(r)[0] for r in results))
     for v in variants:
         runs = [r for r in results if split_seed(r)[0] == v]
-        if v == baseline:
+        if v == baseline:  # a bf16 run lent to another file's seeds (pool) is one run, counted once
+            runs = list({id(results[r]): r for r in runs}.values())
             cells = [f"{v} (spread across seeds)", str(len(runs))]
             for t in TASKS:
                 nes = [ne_of(results[r], t, metric) for r in runs if math.isfinite(ne_of(results[r], t, metric))]

@@ -139,6 +139,8 @@ def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp
     assert [round(d, 9) for d in diffs[:2]] == [-1.0, 1.0] and math.isnan(diffs[2])  # seed 6 stays unpaired
     # the kept file's own pair is untouched, and its bf16 runs still count once in the baseline's spread
     assert stats.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
+    base_row = next(r for r in stats.seed_table(pooled) if r.startswith("| bf16 (spread across seeds)"))
+    assert base_row.split(" | ")[1] == "3"  # kept's two and other's one; the lent copies are not counted again
     files = []
     for name, res in (("kept.json", kept), ("other.json", other_setup), ("new.json", new)):
         files.append(tmp_path / name)

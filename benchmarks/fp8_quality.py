@@ -25,9 +25,10 @@ files (each run paired with the bf16 run of its own file and seed), then the NE 
 95% interval over the pairs, whether that lies inside ±0.1%, whether it excludes a loss above 0.1%, and the pairs a
 ±0.1% interval needs at that spread. The device time of one session trains a few seed pairs, so the runs kept in
 ``benchmarks/quality/`` add up across sessions. ``--no-bf16`` trains only the named variants: a file of such runs
-is paired at ``--pool`` time with the bf16 runs of the same seeds in a kept file of the same setup, so a call's
-every run is a new pair (the bf16 run of a seed, trained again, differs from the first by as much as an FP8 run
-does: the pairing shares the seed, not the trajectory).
+is paired at ``--pool`` time with the bf16 runs of the same seeds in a kept file of the same setup, in rows of
+their own (``X (bf16 of another call)``): runs of one call can share a shift that such pairs do not cancel
+(benchmarks/RESULTS.md, "Fast-accumulation runs paired across calls"), so the target is read on pairs trained
+side by side.
 
 ``--seeds 0,1,2`` trains every variant once per seed (``train.seed``: model init and batch order; the data
 stays the same) and compares each run with the bf16 run of its own seed. Short runs are chaotic (any

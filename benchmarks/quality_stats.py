@@ -154,6 +154,7 @@ def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, ba
 
 
 SETUP_KEYS = ("name", "steps", "eval_rows", "examples")  # what two runs must share to be paired across files
+CROSS_CALL = " (bf16 of another call)"  # the variant suffix of runs paired with a bf16 run from another file
 
 
 def _setup(summary: dict | None) -> tuple:
@@ -167,9 +168,11 @@ def pool(result_sets: list[dict[str, dict | None]],
     bf16 run of its own set and seed, and the tables pool the paired differences over all sets.
 
     A set without a bf16 run for one of its seeds (``--no-bf16``) borrows the bf16 run of that seed from the
-    first other set that has one of the same setup (config, steps, held-out rows, examples): short runs are
-    chaotic enough that a bf16 run of the same seed trained in another call is as good a partner as one
-    trained beside it. Returns the pooled runs and, per borrowing, (set, its seeds, lending set)."""
+    first other set that has one of the same setup (config, steps, held-out rows, examples). Such pairs are
+    kept apart: their runs take the variant name + CROSS_CALL, a row of their own in every table, because runs
+    of one call can share a shift that pairs across calls do not cancel (28 fast-accumulation runs paired
+    across calls read +0.38% click NE, the 20 paired in their own calls -0.05%: benchmarks/RESULTS.md).
+    Returns the pooled runs and, per borrowing, (set, its seeds, lending set)."""
     lenders: dict[tuple[int, tuple], tuple[int, dict | None]] = {}
     for i, results in enumerate(result_sets):
         for run, summary in results.items():
@@ -197,6 +200,9 @@ def pool(result_sets: list[dict[str, dict | None]],
             if lender is not None:
                 out[with_seed(baseline, renumber[sd])] = lender[1]
                 borrowed.append((sd, lender[0]))
+                for run in [r for r in results if split_seed(r)[1] == sd]:
+                    out[with_seed(split_seed(run)[0] + CROSS_CALL, renumber[sd])] = out.pop(with_seed(
+                        split_seed(run)[0], renumber[sd]))
         for j in sorted({j for _, j in borrowed}):
             notes.append((i, ",".join(str(sd) for sd, k in borrowed if k == j), j))
         base += len(seeds)

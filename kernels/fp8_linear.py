@@ -31,7 +31,9 @@ common FP8 training recipes do, and the two backward GEMMs with full accumulatio
 Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward GEMMs"): inside the layer cuBLAS then
 picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
 error (6e-3 relative on a 65536-token weight gradient). Over 20 seed pairs of a 600-step ``gem_medium`` run it
-moved held-out NE by -0.05% (click) and -0.34% (conversion) against bf16, standard errors 0.09% and 0.23%.
+moved held-out NE by -0.05% (click) and -0.34% (conversion) against bf16, standard errors 0.09% and 0.23%; 28 more
+runs paired with bf16 runs of earlier calls read +0.31% and +0.42% (s.e. 0.08%, 0.21%), a shift between calls or a
+cost of fast accumulation, not yet told apart (RESULTS.md, "Fast-accumulation runs paired across calls").
 
 ``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
 448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still

@@ -125,31 +125,37 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
         stats.pool([{"bf16": ev(0.8)}])
 
 
-def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup(tmp_path, capsys):
+def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup_in_rows_of_their_own(tmp_path, capsys):
     mod = _load()
     ev = lambda click, steps=5: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": steps,
                                  "name": "gem_medium", "eval_rows": 64, "examples": 160}
-    kept = {"bf16 seed=4": ev(0.80), "tensorwise seed=4": ev(0.80), "bf16 seed=5": ev(0.90)}
+    kept = {"bf16 seed=4": ev(0.80), "tensorwise seed=4": ev(0.80), "bf16 seed=5": ev(0.90),
+            "bf16 seed=7": ev(0.70), "fast seed=7": ev(0.77)}  # a pair of one call: +10%
     other_setup = {"bf16 seed=6": ev(0.50, steps=9)}  # same seed as below, other steps: never a partner
     new = {"fast seed=4": ev(0.808), "fast seed=5": ev(0.891), "fast seed=6": ev(0.6)}
     pooled, borrowed = stats.pool([kept, other_setup, new])
     assert borrowed == [(2, "4,5", 0)]
-    fast = sorted(r for r in pooled if stats.split_seed(r)[0] == "fast")
+    crossed = "fast" + stats.CROSS_CALL
+    fast = sorted(r for r in pooled if stats.split_seed(r)[0] == crossed)
     diffs = sorted(stats.rel_diff(pooled, r, "click") for r in fast)
-    assert [round(d, 9) for d in diffs[:2]] == [-1.0, 1.0] and math.isnan(diffs[2])  # seed 6 stays unpaired
+    assert [round(d, 9) for d in diffs] == [-1.0, 1.0]  # the borrowed pairs, apart from the kept file's own
+    assert [stats.rel_diff(pooled, r, "click") for r in pooled if stats.split_seed(r)[0] == "fast"] == \
+        pytest.approx([10.0, math.nan], nan_ok=True)  # seed 6 found no bf16 run: unpaired, under its own name
     # the kept file's own pair is untouched, and its bf16 runs still count once in the baseline's spread
     assert stats.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
     base_row = next(r for r in stats.seed_table(pooled) if r.startswith("| bf16 (spread across seeds)"))
-    assert base_row.split(" | ")[1] == "3"  # kept's two and other's one; the lent copies are not counted again
+    assert base_row.split(" | ")[1] == "4"  # kept's three and other's one; the lent copies are not counted again
     files = []
     for name, res in (("kept.json", kept), ("other.json", other_setup), ("new.json", new)):
         files.append(tmp_path / name)
         files[-1].write_text(json.dumps(res))
     assert mod.main(["--pool", *map(str, files)]) == 0
     out = capsys.readouterr().out
-    assert "3 bf16 runs" in out and "new.json: seeds 4,5 paired with the bf16 runs of kept.json" in out
-    row = next(ln for ln in out.splitlines() if ln.startswith("| fast |"))
+    assert "4 bf16 runs" in out and "new.json: seeds 4,5 paired with the bf16 runs of kept.json" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith(f"| {crossed} |"))
     assert row.split(" | ")[1:3] == ["2", "+0.000%"]
+    row = next(ln for ln in out.splitlines() if ln.startswith("| fast |"))
+    assert row.split(" | ")[1:3] == ["1", "+10.000%"]
 
 
 def test_kept_quality_runs_pool():

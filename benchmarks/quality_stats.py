@@ -209,6 +209,45 @@ def pool(result_sets: list[dict[str, dict | None]],
     return out, notes
 
 
+def _compatible(a: dict | None, b: dict | None) -> bool:
+    """Two runs' setups agree on every key both summaries record (a transcribed file may lack some)."""
+    return all(x is None or y is None or x == y for x, y in zip(_setup(a), _setup(b)))
+
+
+def _software_differs(a: dict, b: dict) -> str:
+    """The run-summary ``software`` keys (train.provenance) on which two runs differ."""
+    sa, sb = a.get("software"), b.get("software")
+    if not sa or not sb:
+        return "not recorded"
+    flat = lambda sw: {**{k: v for k, v in sw.items() if k != "env"}, **{f"env {k}": v for k, v in sw["env"].items()}}
+    fa, fb = flat(sa), flat(sb)
+    return ", ".join(sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))) or "nothing"
+
+
+def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], metric: str = "ne") -> list[str]:
+    """The shift between calls, measured directly: per pair of sets (calls) that both trained some variant on some
+    seed, the relative NE difference of each such run (later set / earlier set - 1, in %), its mean and standard
+    error over those runs, and what the runs' recorded software (train.provenance) differs in. A pair of one call
+    cancels what its runs share; a pair across calls does not."""
+    rows = ["| later call | earlier call | runs | click: mean rel. diff | s.e. | conversion: mean rel. diff | s.e. | "
+            "software differs in |", "|---|---|---|---|---|---|---|---|"]
+    for j, later in enumerate(result_sets):
+        for i, earlier in enumerate(result_sets[:j]):
+            runs = [r for r, s in later.items() if s and "error" not in s and earlier.get(r)
+                    and "error" not in earlier[r] and _compatible(s, earlier[r])]
+            if not runs:
+                continue
+            cells = [labels[j], labels[i], str(len(runs))]
+            for t in TASKS:
+                d = [(ne_of(later[r], t, metric) / ne_of(earlier[r], t, metric) - 1.0) * 100 for r in runs]
+                d = [x for x in d if math.isfinite(x)]
+                m, sd = _mean_std(d) if d else (math.nan, math.nan)
+                cells += [f"{m:+.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
+            cells.append("; ".join(dict.fromkeys(_software_differs(later[r], earlier[r]) for r in runs)))
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def pooled_tables(files: list[Path]) -> list[str]:
     """The seed tables (every metric) over the paired runs of several ``--json`` files."""
     sets = [json.loads(f.read_text()) for f in files]
@@ -221,6 +260,9 @@ def pooled_tables(files: list[Path]) -> list[str]:
         rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
     rows += ["", f"### NE against the target (relative difference <= {TARGET_PCT:g}%; positive: the variant's NE is "
              "higher, worse)", *target_table(results)]
+    shift = across_calls(sets, [f.name for f in files])
+    if len(shift) > 2:
+        rows += ["", "### The same run in two calls (variant and seed alike; NE): the shift between calls", *shift]
     return rows
 
 

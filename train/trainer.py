@@ -47,6 +47,7 @@ from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_load
 from train.distributed import is_distributed
 from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.precision import apply_config_policy
+from train.provenance import software
 
 
 class TrainingStopped(GemtrainError):
@@ -587,4 +588,5 @@ class Trainer:
             "train_last": {k: v for k, v in last_train.items() if k != "kind"},
             "padding": self.padding.to_dict(),
             "mfu": last_mfu,
+            "software": software(self.device),
         }

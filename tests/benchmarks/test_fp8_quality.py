@@ -233,3 +233,30 @@ def test_runs_in_processes_of_their_own_and_reports_each(tmp_path):
     for name, s in res.items():
         assert "error" not in s and s["steps"] == 2, (name, s)
         assert (tmp_path / "runs" / mod._dir_name(name) / "summary.json").is_file()
+
+
+def test_the_same_runs_in_two_calls_measure_the_shift_between_calls(tmp_path, capsys):
+    mod = _load()
+    ev = lambda click, steps=5: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": steps}
+    first = {"bf16 seed=0": ev(0.80), "fast seed=0": ev(0.80), "bf16 seed=1": ev(0.90)}
+    second = {"bf16 seed=0": ev(0.808), "fast seed=0": ev(0.824), "bf16 seed=2": ev(0.5)}  # +1%, +3%; seed 2 unshared
+    other_setup = {"bf16 seed=0": ev(0.1, steps=9)}  # another setup: never compared
+    rows = stats.across_calls([first, second, other_setup], ["first", "second", "other"])
+    assert len(rows) == 3
+    cells = rows[2].strip("| ").split(" | ")
+    assert cells[:5] == ["second", "first", "2", "+2.000%", "1.000%"] and cells[5] == "+0.000%"
+    assert cells[-1] == "not recorded"
+    sw = lambda rev: {"torch": "2.11", "revision": rev, "env": {"GEMTRAIN_ATTN_AUTOTUNE": "0"}}
+    first["bf16 seed=0"]["software"], second["bf16 seed=0"]["software"] = sw("a"), sw("a")
+    first["fast seed=0"]["software"], second["fast seed=0"]["software"] = sw("a"), sw("b")
+    second["fast seed=0"]["software"]["env"] = {}
+    cells = stats.across_calls([first, second], ["first", "second"])[2].strip("| ").split(" | ")
+    assert cells[-1] == "nothing; env GEMTRAIN_ATTN_AUTOTUNE, revision"
+    assert len(stats.across_calls([first, other_setup], ["first", "other"])) == 2  # header only
+    files = []
+    for name, res in (("first.json", first), ("second.json", second)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(res))
+    assert mod.main(["--pool", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert "the shift between calls" in out and "| second.json | first.json | 2 | +2.000% |" in out

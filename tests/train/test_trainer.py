@@ -45,6 +45,8 @@ def test_tiny_model_learns_and_the_no_history_switch_applies(tiny_cfg, tmp_path)
         assert s["data_wait_seconds"] >= 0 and s["eval_seconds"] > 0
         assert s["train_seconds"] + s["data_wait_seconds"] + s["eval_seconds"] <= s["wall_seconds"]
     assert without["events"] > 0  # the batches still carried histories; the model ignored them
+    sw = with_h["software"]  # what the figures depend on besides the config
+    assert sw["torch"] == torch.__version__ and sw["device_name"] == "cpu" and isinstance(sw["env"], dict)
     # the planted history signal is learned: clearly better than the same model without the history
     ne_h, ne_nh = with_h["eval"]["click"]["ne"], without["eval"]["click"]["ne"]
     assert ne_h < ne_nh - 0.05, (ne_h, ne_nh)

@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+from train.provenance import differences
+
 TASKS = ("click", "conversion")
 
 class QualityError(RuntimeError):
@@ -214,16 +216,6 @@ def _compatible(a: dict | None, b: dict | None) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(_setup(a), _setup(b)))
 
 
-def _software_differs(a: dict, b: dict) -> str:
-    """The run-summary ``software`` keys (train.provenance) on which two runs differ."""
-    sa, sb = a.get("software"), b.get("software")
-    if not sa or not sb:
-        return "not recorded"
-    flat = lambda sw: {**{k: v for k, v in sw.items() if k != "env"}, **{f"env {k}": v for k, v in sw["env"].items()}}
-    fa, fb = flat(sa), flat(sb)
-    return ", ".join(sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))) or "nothing"
-
-
 def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], metric: str = "ne") -> list[str]:
     """The shift between calls, measured directly: per pair of sets (calls) that both trained some variant on some
     seed, the relative NE difference of each such run (later set / earlier set - 1, in %), its mean and standard
@@ -243,7 +235,8 @@ def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], m
                 d = [x for x in d if math.isfinite(x)]
                 m, sd = _mean_std(d) if d else (math.nan, math.nan)
                 cells += [f"{m:+.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
-            cells.append("; ".join(dict.fromkeys(_software_differs(later[r], earlier[r]) for r in runs)))
+            cells.append("; ".join(dict.fromkeys(differences(later[r].get("software"), earlier[r].get("software"))
+                                                for r in runs)))
             rows.append("| " + " | ".join(cells) + " |")
     return rows
 

@@ -8,8 +8,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import torch
-
 # Environment variables that change which kernels run or how they accumulate.
 ENV_PREFIXES = ("GEMTRAIN_", "CUBLAS_", "CUBLASLT_", "NVIDIA_TF32_OVERRIDE", "TORCH_CUDNN_", "TRITON_")
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +27,10 @@ def _revision() -> str | None:
     return rev + ("+changes" if dirty else "")
 
 
-def software(device: torch.device) -> dict:
+def software(device) -> dict:
+    """The record for a run on ``device`` (a torch.device)."""
+    import torch  # here, so the comparison below stays usable without torch
+
     out: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "revision": _revision(),
                  "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                  "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
@@ -40,3 +41,14 @@ def software(device: torch.device) -> dict:
     except ImportError:
         out["triton"] = None
     return out
+
+
+def differences(a: dict | None, b: dict | None) -> str:
+    """The keys of two ``software`` records that differ ("env NAME" for an environment switch), "nothing" where
+    none does, "not recorded" where a run has none (summaries from before the record)."""
+    if not a or not b:
+        return "not recorded"
+    flat = lambda sw: {**{k: v for k, v in sw.items() if k != "env"},
+                       **{f"env {k}": v for k, v in (sw.get("env") or {}).items()}}
+    fa, fb = flat(a), flat(b)
+    return ", ".join(sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))) or "nothing"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import GemtrainError
+from train.provenance import differences
 
 
 def _png(fig) -> str:
@@ -152,6 +153,12 @@ def write_report(run_dir: str | Path, history: list[dict], summary: dict) -> Pat
         if summary.get("padding_report"):
             parts.append('<p>The full padding report of these batches: '
                          '<a href="padding_report.html">padding_report.html</a>.</p>')
+    sw = summary.get("software")
+    if sw:
+        parts.append("<h2>Software</h2>")
+        parts.append(_table([[sw.get(k) for k in ("torch", "cuda", "triton", "device_name", "revision")]
+                             + [", ".join(f"{k}={v}" for k, v in (sw.get("env") or {}).items()) or "none"]],
+                            ["torch", "CUDA", "Triton", "device", "revision", "environment switches"]))
     mfu = summary.get("mfu") or next((r for r in reversed(history) if r.get("kind") == "mfu"), None)
     if mfu:
         parts += _mfu_section(mfu)
@@ -222,6 +229,10 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
             rows.append([t, metric.replace("_", " ")] + vals + deltas)
     steps = [s.get("steps") for s in summaries]
     rows.append(["(run)", "steps"] + steps + ["" for _ in steps[1:]])
+    # Runs of one config on other software (versions, device, revision, kernel switches) can differ for that alone.
+    sw = [s.get("software") for s in summaries]
+    rows.append(["(run)", f"software differs from {names[0]} in"] + ["" if i == 0 else differences(sw[0], x)
+                                                                  for i, x in enumerate(sw)] + ["" for _ in sw[1:]])
     return Comparison(runs=[str(d) for d in run_dirs], head=head, rows=rows)
 
 

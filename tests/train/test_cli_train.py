@@ -38,6 +38,7 @@ def test_demo_then_eval_end_to_end(tmp_path):
     html = (run / "report.html").read_text()
     assert "data:image/png;base64," in html and "Padding savings" in html
     assert 'href="padding_report.html"' in html
+    assert "<h2>Software</h2>" in html and f"<td>{summary['software']['torch']}</td>" in html
     padding_page = (run / "padding_report.html").read_text()
     assert "Padding seen by training" in padding_page and "pad to batch max" in padding_page
     lines = (run / "metrics.jsonl").read_text().splitlines()

@@ -56,3 +56,13 @@ def test_gemtrain_report_compare_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| click | ne | 0.8000 | 0.8040 | +0.500% |" in out and (tmp_path / "cmp.html").exists()
     assert gemtrain(["report", "compare", full]) == 1 and "at least two" in capsys.readouterr().err
+
+
+def test_compare_names_the_software_a_run_differs_in(tmp_path):
+    runs = [_run(tmp_path, n, 0.80) for n in ("a", "b", "c", "old")]
+    sw = {"torch": "2.11", "revision": "abc", "device_name": "H100", "env": {"GEMTRAIN_ATTN_AUTOTUNE": "0"}}
+    for d, record in zip(runs[:3], (sw, sw, {**sw, "revision": "def", "env": {}})):
+        summary = json.loads((tmp_path / d / "summary.json").read_text())
+        (tmp_path / d / "summary.json").write_text(json.dumps({**summary, "software": record}))
+    row = next(r for r in compare_runs(runs).rows if r[1] == "software differs from a in")
+    assert row[2:6] == ["", "nothing", "env GEMTRAIN_ATTN_AUTOTUNE, revision", "not recorded"]

@@ -79,6 +79,12 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan)
 
 
+def _mean_cells(d: list[float], with_sd: bool = True) -> list[str]:
+    """Table cells of relative differences in %: mean, (sd,) standard error of the mean (empty below two)."""
+    m, sd = _mean_std(d) if d else (math.nan, math.nan)
+    return [f"{m:+.3f}%", *([f"{sd:.3f}%"] if with_sd else []), f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
+
+
 def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: str = "ne") -> list[str]:
     """Per variant, over the seeds whose runs both finished: the mean paired relative NE difference, its
     standard deviation across seeds and the standard error of the mean; for the baseline the spread of its
@@ -102,8 +108,7 @@ def seed_table(results: dict[str, dict | None], baseline: str = "bf16", metric: 
         for t in TASKS:
             d = [x for x in (rel_diff(results, r, t, baseline, metric) for r in runs) if math.isfinite(x)]
             n_ok = max(n_ok, len(d))
-            m, sd = _mean_std(d) if d else (math.nan, math.nan)
-            cells += [f"{m:+.3f}%", f"{sd:.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
+            cells += _mean_cells(d)
         cells[1] = str(n_ok)
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -159,6 +164,11 @@ SETUP_KEYS = ("name", "steps", "eval_rows", "examples")  # what two runs must sh
 CROSS_CALL = " (bf16 of another call)"  # the variant suffix of runs paired with a bf16 run from another file
 
 
+def _ok(summary: dict | None) -> bool:
+    """A run that finished (a summary without an error)."""
+    return bool(summary) and "error" not in summary
+
+
 def _setup(summary: dict | None) -> tuple:
     return tuple((summary or {}).get(k) for k in SETUP_KEYS)
 
@@ -173,41 +183,40 @@ def pool(result_sets: list[dict[str, dict | None]],
     first other set that has one of the same setup (config, steps, held-out rows, examples). Such pairs are
     kept apart: their runs take the variant name + CROSS_CALL, a row of their own in every table, because runs
     of one call can share a shift that pairs across calls do not cancel (28 fast-accumulation runs paired
-    across calls read +0.38% click NE, the 20 paired in their own calls -0.05%: benchmarks/RESULTS.md).
+    across calls read +0.31% click NE, the 20 paired in their own calls -0.05%: benchmarks/RESULTS.md).
     Returns the pooled runs and, per borrowing, (set, its seeds, lending set)."""
     lenders: dict[tuple[int, tuple], tuple[int, dict | None]] = {}
     for i, results in enumerate(result_sets):
         for run, summary in results.items():
             name, sd = split_seed(run)
-            if name == baseline and summary and "error" not in summary:
+            if name == baseline and _ok(summary):
                 lenders.setdefault((sd, _setup(summary)), (i, summary))
     out: dict[str, dict | None] = {}
     notes: list[tuple[int, str, int]] = []
     base = 0
     for i, results in enumerate(result_sets):
-        seeds = sorted({sd for sd in (split_seed(r)[1] for r in results) if sd is not None})
-        renumber = {sd: base + k for k, sd in enumerate(seeds)}
-        for run, summary in results.items():
-            name, sd = split_seed(run)
+        by_seed: dict[int, list[str]] = {}
+        for run in results:
+            sd = split_seed(run)[1]
             if sd is None:
                 raise QualityError(f"fp8_quality: --pool needs runs with seeds (name{SEED_SEP}N), got {run!r}")
-            out[with_seed(name, renumber[sd])] = summary
+            by_seed.setdefault(sd, []).append(run)
         borrowed = []
-        for sd in seeds:
-            if with_seed(baseline, sd) in results:
-                continue
-            setups = {_setup(s) for r, s in results.items() if split_seed(r)[1] == sd and s and "error" not in s}
-            lender = next((lenders[(sd, st)] for st in setups if (sd, st) in lenders and lenders[(sd, st)][0] != i),
-                          None)
+        for k, sd in enumerate(sorted(by_seed)):
+            lender = None
+            if with_seed(baseline, sd) not in results:
+                setups = {_setup(results[r]) for r in by_seed[sd] if _ok(results[r])}
+                lender = next((lenders[(sd, st)] for st in setups
+                               if (sd, st) in lenders and lenders[(sd, st)][0] != i), None)
+            suffix = "" if lender is None else CROSS_CALL
+            for run in by_seed[sd]:
+                out[with_seed(split_seed(run)[0] + suffix, base + k)] = results[run]
             if lender is not None:
-                out[with_seed(baseline, renumber[sd])] = lender[1]
+                out[with_seed(baseline, base + k)] = lender[1]
                 borrowed.append((sd, lender[0]))
-                for run in [r for r in results if split_seed(r)[1] == sd]:
-                    out[with_seed(split_seed(run)[0] + CROSS_CALL, renumber[sd])] = out.pop(with_seed(
-                        split_seed(run)[0], renumber[sd]))
         for j in sorted({j for _, j in borrowed}):
             notes.append((i, ",".join(str(sd) for sd, k in borrowed if k == j), j))
-        base += len(seeds)
+        base += len(by_seed)
     return out, notes
 
 
@@ -225,16 +234,13 @@ def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], m
             "software differs in |", "|---|---|---|---|---|---|---|---|"]
     for j, later in enumerate(result_sets):
         for i, earlier in enumerate(result_sets[:j]):
-            runs = [r for r, s in later.items() if s and "error" not in s and earlier.get(r)
-                    and "error" not in earlier[r] and _compatible(s, earlier[r])]
+            runs = [r for r, s in later.items() if _ok(s) and _ok(earlier.get(r)) and _compatible(s, earlier[r])]
             if not runs:
                 continue
             cells = [labels[j], labels[i], str(len(runs))]
             for t in TASKS:
                 d = [(ne_of(later[r], t, metric) / ne_of(earlier[r], t, metric) - 1.0) * 100 for r in runs]
-                d = [x for x in d if math.isfinite(x)]
-                m, sd = _mean_std(d) if d else (math.nan, math.nan)
-                cells += [f"{m:+.3f}%", f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
+                cells += _mean_cells([x for x in d if math.isfinite(x)], with_sd=False)
             cells.append("; ".join(dict.fromkeys(differences(later[r].get("software"), earlier[r].get("software"))
                                                 for r in runs)))
             rows.append("| " + " | ".join(cells) + " |")

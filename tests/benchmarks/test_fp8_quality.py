@@ -102,6 +102,13 @@ def test_seeded_runs_compare_against_the_bf16_run_of_their_own_seed():
     assert math.isclose(stats.ne_of(res["bf16 seed=0"], "click", "ne_recalibrated"), 0.40)
 
 
+def _write_sets(folder, **sets) -> list[str]:
+    """Each result set as NAME.json in folder (a kept --json file); their paths, in the given order."""
+    for name, res in sets.items():
+        (folder / f"{name}.json").write_text(json.dumps(res))
+    return [str(folder / f"{name}.json") for name in sets]
+
+
 def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, capsys):
     mod = _load()
     ev = lambda click: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": 5}
@@ -113,11 +120,7 @@ def test_pooled_files_pair_each_run_with_the_bf16_run_of_its_own_file(tmp_path, 
     assert sorted(pooled) == sorted(stats.with_seed(n, s) for n in ("bf16", "tensorwise") for s in (0, 1, 2))
     diffs = sorted(stats.rel_diff(pooled, stats.with_seed("tensorwise", s), "click") for s in (0, 1, 2))
     assert [round(d, 9) for d in diffs] == [-2.0, 0.0, 1.0]
-    files = []
-    for name, res in (("a.json", a), ("b.json", b)):
-        files.append(tmp_path / name)
-        files[-1].write_text(json.dumps(res))
-    assert mod.main(["--pool", *map(str, files)]) == 0
+    assert mod.main(["--pool", *_write_sets(tmp_path, a=a, b=b)]) == 0
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith("| tensorwise |"))
     assert row.split(" | ")[1:3] == ["3", "-0.333%"]  # three pairs: +1%, -2%, 0%
@@ -145,11 +148,7 @@ def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup_in_
     assert stats.rel_diff(pooled, "tensorwise seed=0", "click") == 0.0
     base_row = next(r for r in stats.seed_table(pooled) if r.startswith("| bf16 (spread across seeds)"))
     assert base_row.split(" | ")[1] == "4"  # kept's three and other's one; the lent copies are not counted again
-    files = []
-    for name, res in (("kept.json", kept), ("other.json", other_setup), ("new.json", new)):
-        files.append(tmp_path / name)
-        files[-1].write_text(json.dumps(res))
-    assert mod.main(["--pool", *map(str, files)]) == 0
+    assert mod.main(["--pool", *_write_sets(tmp_path, kept=kept, other=other_setup, new=new)]) == 0
     out = capsys.readouterr().out
     assert "4 bf16 runs" in out and "new.json: seeds 4,5 paired with the bf16 runs of kept.json" in out
     row = next(ln for ln in out.splitlines() if ln.startswith(f"| {crossed} |"))
@@ -253,10 +252,6 @@ def test_the_same_runs_in_two_calls_measure_the_shift_between_calls(tmp_path, ca
     cells = stats.across_calls([first, second], ["first", "second"])[2].strip("| ").split(" | ")
     assert cells[-1] == "nothing; env GEMTRAIN_ATTN_AUTOTUNE, revision"
     assert len(stats.across_calls([first, other_setup], ["first", "other"])) == 2  # header only
-    files = []
-    for name, res in (("first.json", first), ("second.json", second)):
-        files.append(tmp_path / name)
-        files[-1].write_text(json.dumps(res))
-    assert mod.main(["--pool", *map(str, files)]) == 0
+    assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
     out = capsys.readouterr().out
     assert "the shift between calls" in out and "| second.json | first.json | 2 | +2.000% |" in out

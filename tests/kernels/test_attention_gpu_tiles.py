@@ -1,0 +1,60 @@
+"""The attention kernels at the tile sizes the GPU runs, under the interpreter, against the reference.
+
+The interpreter normally runs 32x32 tiles (``attention_op._tiles``, ``kernel_configs``); on the GPU the query
+and key tiles are 64 rows and the autotuner's inner tiles 32, 64 or 128, so a query tile may span two inner
+tiles or half of one. These tests give the interpreter the GPU's sizes: the defaults, and the autotuning
+candidates at both ends, on rows that end inside, at and past tile edges.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import attention_op, attention_triton_bwd, attention_triton_common, attention_triton_fwd
+from tests.kernels.attention_cases import assert_accurate, make_problem
+
+LONG = [197, 128, 1, 0, 129, 64, 260]
+FEW_Q = [16, 3, 0, 16, 1, 9, 16]  # cross attention: a few candidates over each history
+
+# (outer tile, forward inner tile, backward inner tile)
+TILINGS = {"defaults": (64, 64, 64), "autotune extremes": (64, 128, 32)}
+
+
+@pytest.fixture
+def gpu_tiles(monkeypatch, request):
+    outer, inner_fwd, inner_bwd = TILINGS[request.param]
+    plain = attention_op._tiles
+
+    def tiles(*args):
+        return tuple({**dict(plain(*args)), "tile_q": outer, "tile_q_bwd": outer, "tile_kv": outer}.items())
+
+    monkeypatch.setattr(attention_op, "_cached_tiles", tiles)
+    monkeypatch.setattr(attention_triton_common, "_SETTLED", {})  # launches settled at other sizes
+    inner = [(attention_triton_fwd.jagged_attn_fwd_kernel, "BLOCK_N", inner_fwd),
+             (attention_triton_bwd.jagged_attn_bwd_dkdv_kernel, "BLOCK_M", inner_bwd),
+             (attention_triton_bwd.jagged_attn_bwd_dq_kernel, "BLOCK_N", inner_bwd)]
+    for kernel, name, size in inner:
+        assert len(kernel.configs) == 1  # the interpreter's one configuration
+        monkeypatch.setitem(kernel.configs[0].kwargs, name, size)
+
+
+CASES = {
+    "causal softmax, bias, targets": dict(activation="softmax", causal=True, bias=True, targets=True),
+    "non-causal softmax": dict(activation="softmax", causal=False, bias=False),
+    "causal silu, bias": dict(activation="silu", causal=True, bias=True),
+}
+
+
+@pytest.mark.parametrize("gpu_tiles", list(TILINGS), indirect=True)
+@pytest.mark.parametrize("name", list(CASES))
+def test_self_attention_at_gpu_tiles(gpu_tiles, name):
+    c = dict(CASES[name])
+    p = make_problem(seed=1, lq=LONG, lk=LONG, heads=1, dim=64, bias=c.pop("bias"), targets=c.pop("targets", False))
+    assert_accurate(p, torch.float32, **c)
+
+
+@pytest.mark.parametrize("gpu_tiles", list(TILINGS), indirect=True)
+def test_cross_attention_at_gpu_tiles(gpu_tiles):
+    p = make_problem(seed=2, lq=FEW_Q, lk=LONG, heads=1, dim=64, bias=True)
+    assert_accurate(p, torch.float32, activation="softmax", causal=True)

@@ -247,6 +247,39 @@ def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], m
     return rows
 
 
+def between_variants(result_sets: list[dict[str, dict | None]], baseline: str = "bf16", metric: str = "ne") -> list[str]:
+    """Two variants other than the baseline trained on one seed in one call, against each other: per pair of
+    variants (the later-listed against the earlier), the relative NE difference (in %) over every such seed of
+    every set, its mean, sd and standard error. Both runs share their call, so a shift between calls cancels,
+    and the baseline's own run-to-run noise does not enter (it does enter each variant's pairs against bf16)."""
+    rows = ["| variant | against | pairs | click: mean rel. diff | sd | s.e. | conversion: mean rel. diff | sd | s.e. |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    diffs: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for results in result_sets:
+        by_seed: dict[int | None, dict[str, dict]] = {}
+        for run, summary in results.items():
+            name, sd = split_seed(run)
+            if name != baseline and _ok(summary):
+                by_seed.setdefault(sd, {})[name] = summary
+        for runs in by_seed.values():
+            names = list(runs)
+            for j, later in enumerate(names):
+                for earlier in names[:j]:
+                    d = diffs.setdefault((later, earlier), {t: [] for t in TASKS})
+                    for t in TASKS:
+                        x = (ne_of(runs[later], t, metric) / ne_of(runs[earlier], t, metric) - 1.0) * 100
+                        if math.isfinite(x):
+                            d[t].append(x)
+    for (later, earlier), d in diffs.items():
+        if max(len(x) for x in d.values()) < 2:
+            continue
+        cells = [later, earlier, str(max(len(x) for x in d.values()))]
+        for t in TASKS:
+            cells += _mean_cells(d[t]) if d[t] else ["", "", ""]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def pooled_tables(files: list[Path]) -> list[str]:
     """The seed tables (every metric) over the paired runs of several ``--json`` files."""
     sets = [json.loads(f.read_text()) for f in files]
@@ -259,6 +292,10 @@ def pooled_tables(files: list[Path]) -> list[str]:
         rows += ["", f"### {label} (each run against the bf16 run of its file and seed)", *seed_table(results, metric=metric)]
     rows += ["", f"### NE against the target (relative difference <= {TARGET_PCT:g}%; positive: the variant's NE is "
              "higher, worse)", *target_table(results)]
+    pairs = between_variants(sets)
+    if len(pairs) > 2:
+        rows += ["", "### Two variants of one call against each other (same seed; NE): no bf16 run, no shift between "
+                 "calls", *pairs]
     shift = across_calls(sets, [f.name for f in files])
     if len(shift) > 2:
         rows += ["", "### The same run in two calls (variant and seed alike; NE): the shift between calls", *shift]

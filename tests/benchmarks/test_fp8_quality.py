@@ -255,3 +255,20 @@ def test_the_same_runs_in_two_calls_measure_the_shift_between_calls(tmp_path, ca
     assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
     out = capsys.readouterr().out
     assert "the shift between calls" in out and "| second.json | first.json | 2 | +2.000% |" in out
+
+
+def test_two_variants_of_one_call_compare_seed_by_seed_without_the_baseline(tmp_path, capsys):
+    mod = _load()
+    ev = lambda click, conv=1.0: {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}, "steps": 5}
+    first = {"bf16 seed=0": ev(0.5), "slow seed=0": ev(0.80), "fast seed=0": ev(0.808),
+             "bf16 seed=1": ev(0.6), "slow seed=1": ev(0.90), "fast seed=1": ev(0.927)}  # +1%, +3%
+    second = {"slow seed=0": ev(0.70), "fast seed=0": ev(0.707, 1.01),  # FP8 runs alone: +1%
+              "fast seed=1": ev(0.8), "slow seed=1": {"error": "out of memory"}}  # a failed run pairs with nothing
+    rows = stats.between_variants([first, second])
+    assert len(rows) == 3
+    cells = rows[2].strip("| ").split(" | ")
+    assert cells[:6] == ["fast", "slow", "3", "+1.667%", "1.155%", "0.667%"]
+    assert cells[6:] == ["+0.333%", "0.577%", "0.333%"]
+    assert len(stats.between_variants([{"bf16 seed=0": ev(0.5), "slow seed=0": ev(0.8)}])) == 2  # header only
+    assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
+    assert "| fast | slow | 3 | +1.667% |" in capsys.readouterr().out

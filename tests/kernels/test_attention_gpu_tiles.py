@@ -3,7 +3,8 @@
 The interpreter normally runs 32x32 tiles (``attention_op._tiles``, ``kernel_configs``); on the GPU the query
 and key tiles are 64 rows and the autotuner's inner tiles 32, 64 or 128, so a query tile may span two inner
 tiles or half of one. These tests give the interpreter the GPU's sizes: the defaults, and the autotuning
-candidates at both ends, on rows that end inside, at and past tile edges.
+candidates at both ends, on rows that end inside, at and past tile edges. The window kernels likewise run
+16-row tiles under the interpreter and 64-row ones on the GPU (with their fixed inner tiles).
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import attention_op, attention_triton_bwd, attention_triton_common, attention_triton_fwd
-from tests.kernels.attention_cases import assert_accurate, make_problem
+from kernels import (
+    attention_op,
+    attention_triton_bwd,
+    attention_triton_common,
+    attention_triton_fwd,
+    attention_window_op,
+)
+from tests.kernels.attention_cases import assert_accurate, make_problem, self_problem
 
 LONG = [197, 128, 1, 0, 129, 64, 260]
 FEW_Q = [16, 3, 0, 16, 1, 9, 16]  # cross attention: a few candidates over each history
@@ -58,3 +65,11 @@ def test_self_attention_at_gpu_tiles(gpu_tiles, name):
 def test_cross_attention_at_gpu_tiles(gpu_tiles):
     p = make_problem(seed=2, lq=FEW_Q, lk=LONG, heads=1, dim=64, bias=True)
     assert_accurate(p, torch.float32, activation="softmax", causal=True)
+
+
+@pytest.mark.parametrize("window,causal", [(256, True), (100, False)])
+def test_window_attention_at_gpu_tiles(monkeypatch, window, causal):
+    # W=256 reaches 4 key tiles of 64 on one side, W=100 two on each: the fused backward's dS slots at GPU sizes.
+    monkeypatch.setattr(attention_window_op, "INTERPRET_TILE", attention_window_op.TILE)
+    p = self_problem(3, [0, 1, 5, 300, 200, 64, 129], heads=1, bias=True, targets=causal)
+    assert_accurate(p, torch.float32, activation="softmax", causal=causal, window=window)

@@ -4,7 +4,8 @@ The interpreter normally runs 32x32 tiles (``attention_op._tiles``, ``kernel_con
 and key tiles are 64 rows and the autotuner's inner tiles 32, 64 or 128, so a query tile may span two inner
 tiles or half of one. These tests give the interpreter the GPU's sizes: the defaults, and the autotuning
 candidates at both ends, on rows that end inside, at and past tile edges. The window kernels likewise run
-16-row tiles under the interpreter and 64-row ones on the GPU (with their fixed inner tiles).
+16-row tiles under the interpreter and 64-row ones on the GPU (with their fixed inner tiles), and the FP8 forward
+32-key tiles against the GPU's 64 (inside one V scale block of 64 or 128 tokens).
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import pytest
 import torch
 
 from kernels import (
+    RelativeBias,
     attention_op,
     attention_triton_bwd,
     attention_triton_common,
     attention_triton_fwd,
     attention_window_op,
 )
-from tests.kernels.attention_cases import assert_accurate, make_problem, self_problem
+from kernels.attention_fp8 import jagged_attention_fp8, jagged_attention_fp8_ref
+from kernels.attention_fp8_triton import jagged_attn_fp8_fwd_kernel
+from tests.kernels.attention_cases import assert_accurate, make_problem, rel_err, self_problem
 
 LONG = [197, 128, 1, 0, 129, 64, 260]
 FEW_Q = [16, 3, 0, 16, 1, 9, 16]  # cross attention: a few candidates over each history
@@ -73,3 +77,23 @@ def test_window_attention_at_gpu_tiles(monkeypatch, window, causal):
     monkeypatch.setattr(attention_window_op, "INTERPRET_TILE", attention_window_op.TILE)
     p = self_problem(3, [0, 1, 5, 300, 200, 64, 129], heads=1, bias=True, targets=causal)
     assert_accurate(p, torch.float32, activation="softmax", causal=causal, window=window)
+
+
+@pytest.mark.parametrize("causal,quant_block", [(True, 64), (True, 128), (False, 64)])
+def test_fp8_attention_forward_at_gpu_tiles(monkeypatch, causal, quant_block):
+    plain = attention_op._tiles
+    monkeypatch.setattr(attention_op, "_cached_tiles",
+                        lambda *a: tuple({**dict(plain(*a)), "tile_q": 64, "tile_kv": 64}.items()))
+    monkeypatch.setattr(attention_triton_common, "_SETTLED", {})
+    (config,) = jagged_attn_fp8_fwd_kernel.configs
+    monkeypatch.setitem(config.kwargs, "BLOCK_N", 64)
+    p = make_problem(seed=4, lq=LONG, lk=LONG, heads=2, dim=64, bias=True)
+    args = (p.q.float(), p.k.float(), p.v.float(), p.q_offsets, p.kv_offsets)
+    kw = dict(activation="softmax", causal=causal, quant_block=quant_block,
+              bias=RelativeBias(p.pos.float(), p.time.float(), p.q_ts, p.kv_ts))
+    out = jagged_attention_fp8(*args, impl="triton", **kw)
+    ref = jagged_attention_fp8_ref(*args, tile_n=64, **kw)  # the same quantized numbers, P per 64-key tile
+    # fp32 scores summed in another order can put a probability on the other side of an e4m3 rounding step (one
+    # token of this problem, by 1e-2); a wrong scale or tile edge moves most tokens of a tile.
+    off_tokens = (out - ref).abs().amax(dim=(1, 2)) > 1e-4
+    assert int(off_tokens.sum()) <= 0.01 * len(out) and rel_err(out, ref.double()) <= 1e-3

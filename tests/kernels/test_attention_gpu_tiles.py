@@ -71,6 +71,23 @@ def test_cross_attention_at_gpu_tiles(gpu_tiles):
     assert_accurate(p, torch.float32, activation="softmax", causal=True)
 
 
+@pytest.mark.parametrize("gpu_tiles", ["defaults"], indirect=True)
+@pytest.mark.parametrize("window", [None, 256])
+def test_descriptor_path_at_gpu_tiles(gpu_tiles, monkeypatch, window):
+    # On Hopper, calls this size and larger stream their tiles through tensor descriptors (GEMTRAIN_ATTN_TMA=auto).
+    monkeypatch.setattr(attention_triton_common, "TMA", "1")
+    monkeypatch.setattr(attention_window_op, "INTERPRET_TILE", attention_window_op.TILE)
+    made = []
+    plain, windowed = attention_op.descriptor, attention_window_op._desc
+    monkeypatch.setattr(attention_op, "descriptor", lambda t, on: made.append(on) or plain(t, on))
+    monkeypatch.setattr(attention_window_op, "_desc", lambda t, tile, on: made.append(on) or windowed(t, tile, on))
+    p = make_problem(seed=5, lq=LONG, lk=LONG, heads=2, dim=64, bias=True, targets=True)
+    if window is not None:
+        p = self_problem(5, LONG, heads=2, bias=True, targets=True)
+    assert_accurate(p, torch.float32, activation="softmax", causal=True, window=window)
+    assert made and all(made), "the kernels did not take the descriptor path"
+
+
 @pytest.mark.parametrize("window,causal", [(256, True), (100, False)])
 def test_window_attention_at_gpu_tiles(monkeypatch, window, causal):
     # W=256 reaches 4 key tiles of 64 on one side, W=100 two on each: the fused backward's dS slots at GPU sizes.

@@ -42,12 +42,16 @@ def ne_of(summary: dict | None, task: str, metric: str = "ne") -> float:
     return float(ev.get(task, {}).get(metric, math.nan))
 
 
+def pct_diff(run: dict | None, against: dict | None, task: str, metric: str = "ne") -> float:
+    """(run's NE / the other run's NE - 1) in %; NaN where either run has no NE."""
+    ne, b = ne_of(run, task, metric), ne_of(against, task, metric)
+    return (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
+
+
 def rel_diff(results: dict[str, dict | None], run: str, task: str, baseline: str = "bf16",
              metric: str = "ne") -> float:
     """(run / bf16 run of the same seed - 1) in %; NaN where either run has no NE."""
-    base = with_seed(baseline, split_seed(run)[1])
-    ne, b = ne_of(results.get(run), task, metric), ne_of(results.get(base), task, metric)
-    return (ne / b - 1.0) * 100 if b and math.isfinite(b) and math.isfinite(ne) else math.nan
+    return pct_diff(results.get(run), results.get(with_seed(baseline, split_seed(run)[1])), task, metric)
 
 
 def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
@@ -239,7 +243,7 @@ def across_calls(result_sets: list[dict[str, dict | None]], labels: list[str], m
                 continue
             cells = [labels[j], labels[i], str(len(runs))]
             for t in TASKS:
-                d = [(ne_of(later[r], t, metric) / ne_of(earlier[r], t, metric) - 1.0) * 100 for r in runs]
+                d = [pct_diff(later[r], earlier[r], t, metric) for r in runs]
                 cells += _mean_cells([x for x in d if math.isfinite(x)], with_sd=False)
             cells.append("; ".join(dict.fromkeys(differences(later[r].get("software"), earlier[r].get("software"))
                                                 for r in runs)))
@@ -267,7 +271,7 @@ def between_variants(result_sets: list[dict[str, dict | None]], baseline: str = 
                 for earlier in names[:j]:
                     d = diffs.setdefault((later, earlier), {t: [] for t in TASKS})
                     for t in TASKS:
-                        x = (ne_of(runs[later], t, metric) / ne_of(runs[earlier], t, metric) - 1.0) * 100
+                        x = pct_diff(runs[later], runs[earlier], t, metric)
                         if math.isfinite(x):
                             d[t].append(x)
     for (later, earlier), d in diffs.items():

@@ -35,6 +35,14 @@ TILINGS = {"defaults": (64, 64, 64), "autotune extremes": (64, 128, 32)}
 @pytest.fixture
 def gpu_tiles(monkeypatch, request):
     outer, inner_fwd, inner_bwd = TILINGS[request.param]
+    set_tiles(monkeypatch, outer, [(attention_triton_fwd.jagged_attn_fwd_kernel, "BLOCK_N", inner_fwd),
+                                   (attention_triton_bwd.jagged_attn_bwd_dkdv_kernel, "BLOCK_M", inner_bwd),
+                                   (attention_triton_bwd.jagged_attn_bwd_dq_kernel, "BLOCK_N", inner_bwd)])
+
+
+def set_tiles(monkeypatch, outer: int, inner: list) -> None:
+    """Query and key tiles of ``outer`` rows (``attention_op``'s plan), and each (kernel, meta-parameter, size) of
+    ``inner`` as that kernel's inner tile."""
     plain = attention_op._tiles
 
     def tiles(*args):
@@ -42,9 +50,6 @@ def gpu_tiles(monkeypatch, request):
 
     monkeypatch.setattr(attention_op, "_cached_tiles", tiles)
     monkeypatch.setattr(attention_triton_common, "_SETTLED", {})  # launches settled at other sizes
-    inner = [(attention_triton_fwd.jagged_attn_fwd_kernel, "BLOCK_N", inner_fwd),
-             (attention_triton_bwd.jagged_attn_bwd_dkdv_kernel, "BLOCK_M", inner_bwd),
-             (attention_triton_bwd.jagged_attn_bwd_dq_kernel, "BLOCK_N", inner_bwd)]
     for kernel, name, size in inner:
         assert len(kernel.configs) == 1  # the interpreter's one configuration
         monkeypatch.setitem(kernel.configs[0].kwargs, name, size)
@@ -98,12 +103,7 @@ def test_window_attention_at_gpu_tiles(monkeypatch, window, causal):
 
 @pytest.mark.parametrize("causal,quant_block", [(True, 64), (True, 128), (False, 64)])
 def test_fp8_attention_forward_at_gpu_tiles(monkeypatch, causal, quant_block):
-    plain = attention_op._tiles
-    monkeypatch.setattr(attention_op, "_cached_tiles",
-                        lambda *a: tuple({**dict(plain(*a)), "tile_q": 64, "tile_kv": 64}.items()))
-    monkeypatch.setattr(attention_triton_common, "_SETTLED", {})
-    (config,) = jagged_attn_fp8_fwd_kernel.configs
-    monkeypatch.setitem(config.kwargs, "BLOCK_N", 64)
+    set_tiles(monkeypatch, 64, [(jagged_attn_fp8_fwd_kernel, "BLOCK_N", 64)])
     p = make_problem(seed=4, lq=LONG, lk=LONG, heads=2, dim=64, bias=True)
     args = (p.q.float(), p.k.float(), p.v.float(), p.q_offsets, p.kv_offsets)
     kw = dict(activation="softmax", causal=causal, quant_block=quant_block,

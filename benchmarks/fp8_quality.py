@@ -353,7 +353,8 @@ def main(argv: list[str]) -> int:
                          "at once instead of in time slices); starts and stops the daemon")
     ap.add_argument("--no-bf16", action="store_true",
                     help="GPU: train only the named variants; --pool pairs them with the bf16 runs of the same "
-                         "seeds in the other files (kept runs of the same command), so each new run is a new pair")
+                         "seeds in the other files (kept runs of the same command), in rows of their own: pairs across "
+                         "calls carry a shift of their own, so the target is read on pairs trained side by side")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: run one variant
     args = ap.parse_args(argv)
     if args.pool:

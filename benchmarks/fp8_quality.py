@@ -42,6 +42,11 @@ in NE and far less in it, so it separates a recipe's effect on what the model le
 of short runs. And the expected NE (``train.metrics``: every held-out label replaced by its true probability,
 which the synthetic data carries): two runs compared on the same rows differ in it by what they predict, not by
 how the held-out labels' coin flips fell on the rows where their predictions differ.
+
+Runs trained with ``-- --eval.save_predictions=true`` keep their per-row held-out predictions; each FP8 run then
+gets, in its summary (``sampling``), the bootstrap standard error of its NE difference to the bf16 run of its seed
+over the held-out rows (``benchmarks/quality_sampling.py``), and a last table sets that error against the pairs'
+spread: the share of the spread that more held-out rows would remove.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: `benchmarks` importable
+from benchmarks.quality_sampling import attach_sampling, sampling_table  # noqa: E402
 from benchmarks.quality_stats import (  # noqa: E402
     METRICS,
     QualityError,
@@ -359,6 +365,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.pool:
         print("\n".join(pooled_tables(args.pool)))
+        print_sampling([json.loads(f.read_text()) for f in args.pool])
         return 0
     args.steps = args.steps or (6 if args.cpu else 200)
     tmp = None
@@ -415,9 +422,19 @@ def main(argv: list[str]) -> int:
         for metric, label in METRICS.items():
             print(f"\n## {label}, paired over seeds {args.seeds} (each run against the bf16 run of its seed)")
             print("\n".join(seed_table(results, metric=metric)))
+    if attach_sampling(results, lambda n: args.run_root / _dir_name(n)):
+        print_sampling([results])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, allow_nan=True) + "\n")
     return 0
+
+
+def print_sampling(result_sets: list[dict]) -> None:
+    rows = sampling_table(result_sets)
+    if rows:
+        print("\n## Held-out rows' share of the pairs' NE spread (runs trained with --eval.save_predictions=true; "
+              "bootstrap over the rows, quality_sampling.py)")
+        print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,7 @@ class EvalConfig:
     batch_size: int = 0  # 0: the train batch size
     max_batches: int = 0  # 0: the whole held-out set
     at_end: bool = True
+    save_predictions: bool = False  # per-row predictions of each evaluation, in the run dir (train/predictions.py)
 
 
 @dataclass

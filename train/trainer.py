@@ -47,6 +47,7 @@ from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_load
 from train.distributed import is_distributed
 from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.precision import apply_config_policy
+from train.predictions import PredictionLog, predictions_path
 from train.provenance import software
 
 
@@ -537,6 +538,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         metrics = TaskMetrics(self.tasks)
+        rows_out = PredictionLog(self.tasks) if self.cfg.eval.save_predictions else None
         loader = self._loader(url, train=False)
         pf = DevicePrefetcher(loader, self.device, lambda _i: False)
         t0 = time.perf_counter()
@@ -556,12 +558,17 @@ class Trainer:
             keep = torch.tensor([i not in seen and not seen.add(i) for i in ids], dtype=torch.float32,
                                 device=probs.device).unsqueeze(1)
             metrics.update(probs, batch.labels, batch.label_mask * keep, batch.weights, self._oracle(batch))
+            if rows_out is not None:
+                rows_out.update(batch.row_ids, probs, batch.labels, batch.label_mask * keep, batch.weights,
+                                self._oracle(batch))
             rows += int(keep.sum())
             batches += 1
             if self.cfg.eval.max_batches and batches >= self.cfg.eval.max_batches:
                 break
         if was_training:
             self.model.train()
+        if rows_out is not None:
+            rows_out.write(predictions_path(self.run_dir, self.step))
         return {"rows": rows, "seconds": time.perf_counter() - t0, "tasks": metrics.compute()}
 
     def _summary(self, last_eval: dict | None, wall: float) -> dict:

@@ -13,7 +13,8 @@ SEEDS=$1; MPS=${2:-}; PARALLEL=${3:-12}; DEADLINE=${4:-470}; VARIANTS=${5:-tenso
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD GEMTRAIN_ATTN_AUTOTUNE=0
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-overrides=(--data.synth.train_rows=20480 --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2)
+overrides=(--data.synth.train_rows=20480 --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2
+           --eval.save_predictions=true)
 t0=$(date +%s)
 quality() {  # $1: --mps or empty, $2: deadline
   python benchmarks/fp8_quality.py $1 --steps 600 --variants "bf16,$VARIANTS" \

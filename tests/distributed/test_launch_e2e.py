@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -16,7 +18,7 @@ def test_launch_trains_sharded_and_checkpoints(tmp_path):
     cfg = REPO / "tests" / "distributed" / "tiny_run.yaml"
     proc = subprocess.run([sys.executable, "-m", "train.cli", "launch", "--nproc-per-node", "2", str(cfg),
                            "--run-dir", str(tmp_path / "run"), "--train.steps=4", "--train.checkpoint_every=0",
-                           "--distributed.timeout_s=60"],
+                           "--distributed.timeout_s=60", "--eval.save_predictions=true"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-5000:]
     # one summary on stdout (rank 0's), the plan and the per-rank step times on stderr
@@ -26,6 +28,9 @@ def test_launch_trains_sharded_and_checkpoints(tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 4
     assert summary["eval"]["click"]["auc"] == summary["eval"]["click"]["auc"]  # held-out metrics computed
     assert summary["eval_rows"] == 48  # every held-out row once, over both ranks
+    rows = pq.read_table(tmp_path / "run" / "predictions-step4.parquet").to_pydict()  # rank 0 writes all ranks' rows
+    assert sorted(i for i, w in zip(rows["row_id"], rows["click_weight"]) if w > 0) == sorted(set(rows["row_id"]))
+    assert len(set(rows["row_id"])) == 48
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train = [r for r in recs if r["kind"] == "train"]
     assert [r["step"] for r in train] == [2, 4]

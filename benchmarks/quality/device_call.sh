@@ -31,3 +31,4 @@ if [ "$ok" = 0 ] && [ -n "$MPS" ]; then
   echo "again without MPS"; quality "" $(( DEADLINE - ($(date +%s) - t0) ))
 fi
 grep -A20 "## FP8 quality" "$OUT/log.txt" | head -20
+grep -A8 "## Held-out rows" "$OUT/log.txt"

@@ -494,8 +494,7 @@ def _global_rate(tr) -> float:
 def evaluate_distributed(tr, pz, info, autocast: bool) -> dict:
     """Each rank scores its slice of the held-out data; rank 0 computes the metrics of all rows."""
     from train.data import make_loader
-    from train.metrics import TaskMetrics
-    from train.predictions import PredictionLog, predictions_path
+    from train.held_out import HeldOutScorer
 
     c = tr.cfg
     loader = make_loader(tr.schema, c, c.data.eval_url, batch_size=c.eval.batch_size or c.train.batch_size,
@@ -521,17 +520,10 @@ def evaluate_distributed(tr, pz, info, autocast: bool) -> dict:
     dist.all_gather_object(gathered, parts)
     if not info.is_main:
         return {"rows": 0, "seconds": time.perf_counter() - t0, "tasks": {}}
-    metrics = TaskMetrics(tr.tasks)
-    rows_out = PredictionLog(tr.tasks) if c.eval.save_predictions else None
-    seen: set[int] = set()
+    scorer = HeldOutScorer(tr.tasks, c.eval.save_predictions)
     for rank_parts in gathered:
         for ids, probs, labels, mask, weights, oracle in rank_parts:
-            keep = torch.tensor([i not in seen and not seen.add(i) for i in ids.tolist()],
-                                dtype=torch.float32).unsqueeze(1)
-            metrics.update(probs, labels, mask * keep, weights, oracle or None)
-            if rows_out is not None:
-                rows_out.update(ids, probs, labels, mask * keep, weights, oracle or None)
-    if rows_out is not None:
-        rows_out.write(predictions_path(tr.run_dir, tr.step))
-    return {"rows": len(seen), "seconds": time.perf_counter() - t0, "tasks": metrics.compute()}
+            scorer.update(ids, probs, labels, mask, weights, oracle or None)
+    tasks = scorer.finish(tr.run_dir, tr.step)
+    return {"rows": scorer.rows, "seconds": time.perf_counter() - t0, "tasks": tasks}
 

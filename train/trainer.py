@@ -45,9 +45,9 @@ from train.compile import compile_for_run
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
 from train.distributed import is_distributed
+from train.held_out import HeldOutScorer
 from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.precision import apply_config_policy
-from train.predictions import PredictionLog, predictions_path
 from train.provenance import software
 
 
@@ -537,13 +537,11 @@ class Trainer:
             raise GemtrainError("no held-out data: set data.eval_url")
         was_training = self.model.training
         self.model.eval()
-        metrics = TaskMetrics(self.tasks)
-        rows_out = PredictionLog(self.tasks) if self.cfg.eval.save_predictions else None
+        scorer = HeldOutScorer(self.tasks, self.cfg.eval.save_predictions)
         loader = self._loader(url, train=False)
         pf = DevicePrefetcher(loader, self.device, lambda _i: False)
         t0 = time.perf_counter()
-        rows = batches = 0
-        seen: set[int] = set()
+        batches = 0
         while True:
             item = pf.next()
             if item is None:
@@ -552,24 +550,15 @@ class Trainer:
             pf.preload()
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 out = self.model(batch)
-            probs = torch.sigmoid(out.logits.float())
-            # the last batch may repeat rows to fill it: count each row once
-            ids = batch.row_ids.cpu().tolist()
-            keep = torch.tensor([i not in seen and not seen.add(i) for i in ids], dtype=torch.float32,
-                                device=probs.device).unsqueeze(1)
-            metrics.update(probs, batch.labels, batch.label_mask * keep, batch.weights, self._oracle(batch))
-            if rows_out is not None:
-                rows_out.update(batch.row_ids, probs, batch.labels, batch.label_mask * keep, batch.weights,
-                                self._oracle(batch))
-            rows += int(keep.sum())
+            scorer.update(batch.row_ids, torch.sigmoid(out.logits.float()), batch.labels, batch.label_mask,
+                          batch.weights, self._oracle(batch))
             batches += 1
             if self.cfg.eval.max_batches and batches >= self.cfg.eval.max_batches:
                 break
         if was_training:
             self.model.train()
-        if rows_out is not None:
-            rows_out.write(predictions_path(self.run_dir, self.step))
-        return {"rows": rows, "seconds": time.perf_counter() - t0, "tasks": metrics.compute()}
+        tasks = scorer.finish(self.run_dir, self.step)
+        return {"rows": scorer.rows, "seconds": time.perf_counter() - t0, "tasks": tasks}
 
     def _summary(self, last_eval: dict | None, wall: float) -> dict:
         last_train = next((r for r in reversed(self._history) if r.get("kind") == "train"), {})

@@ -44,7 +44,7 @@ which the synthetic data carries): two runs compared on the same rows differ in 
 how the held-out labels' coin flips fell on the rows where their predictions differ.
 
 Runs trained with ``-- --eval.save_predictions=true`` keep their per-row held-out predictions; each FP8 run then
-gets, in its summary (``sampling``), the bootstrap standard error of its NE difference to the bf16 run of its seed
+gets, in its summary (``sampling``), the standard error of its NE difference to the bf16 run of its seed
 over the held-out rows (``benchmarks/quality_sampling.py``), and a last table sets that error against the pairs'
 spread: the share of the spread that more held-out rows would remove.
 """
@@ -433,7 +433,7 @@ def print_sampling(result_sets: list[dict]) -> None:
     rows = sampling_table(result_sets)
     if rows:
         print("\n## Held-out rows' share of the pairs' NE spread (runs trained with --eval.save_predictions=true; "
-              "bootstrap over the rows, quality_sampling.py)")
+              "standard error over the rows, quality_sampling.py)")
         print("\n".join(rows))
 
 

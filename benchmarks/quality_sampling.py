@@ -2,9 +2,9 @@
 
 Two runs of one seed scored on the same held-out rows differ in NE for two reasons: the models differ (short runs
 are chaotic), and a finite set of rows measures that difference with an error of its own. The second part is the
-bootstrap standard error of the paired difference over the rows (both runs' rows drawn together), computed from
-the per-row predictions the runs saved (`eval.save_predictions`, train/predictions.py). Where it is a large share
-of the spread of the pairs, more held-out rows narrow the pairs; where it is small, only more seeds do.
+standard error of the paired difference over the rows (`train.predictions.paired_ne_difference`), computed from
+the per-row predictions the runs saved (`eval.save_predictions`). Where it is a large share of the spread of the
+pairs, more held-out rows narrow the pairs; where it is small, only more seeds do.
 """
 
 from __future__ import annotations
@@ -13,48 +13,8 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
-from benchmarks.quality_stats import TASKS, QualityError, split_seed
-from train.predictions import last_predictions
-
-ETA = 1e-12  # as train.metrics (torchrec's clamp of the probabilities)
-
-
-def _cross_entropy(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    p = np.clip(p.astype(np.float64), ETA, 1 - ETA)
-    return -w * (y * np.log2(p) + (1 - y) * np.log2(1 - p))
-
-
-def paired_ne_bootstrap(a: dict[str, np.ndarray], b: dict[str, np.ndarray], task: str, draws: int = 1000,
-                        seed: int = 0) -> tuple[float, float]:
-    """(NE of run b against run a in %, its bootstrap standard error in %) over the rows both scored.
-
-    a, b: columns of two predictions files. Both runs see the same labels and weights, so NE's normaliser (the
-    entropy of the rows' mean label) cancels and the relative difference is that of the cross-entropy sums.
-    """
-    order_a, order_b = np.argsort(a["row_id"]), np.argsort(b["row_id"])
-    if not np.array_equal(a["row_id"][order_a], b["row_id"][order_b]):
-        raise QualityError("paired_ne_bootstrap: the two runs scored different held-out rows")
-    pick = lambda cols, order, name: cols[f"{task}_{name}"][order]
-    y, w = pick(a, order_a, "label"), pick(a, order_a, "weight")
-    if not (np.array_equal(y, pick(b, order_b, "label")) and np.array_equal(w, pick(b, order_b, "weight"))):
-        raise QualityError(f"paired_ne_bootstrap: the two runs' {task} labels or weights differ row by row")
-    keep = w > 0
-    ce_a = _cross_entropy(pick(a, order_a, "prob"), y, w)[keep]
-    ce_b = _cross_entropy(pick(b, order_b, "prob"), y, w)[keep]
-    n = int(keep.sum())
-    if n == 0:
-        raise QualityError(f"paired_ne_bootstrap: no held-out row carries a {task} label")
-    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=draws).astype(np.float64)
-    ratio = (counts @ ce_b) / (counts @ ce_a)
-    return 100.0 * (ce_b.sum() / ce_a.sum() - 1.0), 100.0 * float(ratio.std(ddof=1))
-
-
-def read_columns(path: Path) -> dict[str, np.ndarray]:
-    table = pq.read_table(path)
-    return {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+from benchmarks.quality_stats import TASKS, split_seed
+from train.predictions import last_predictions, paired_ne_difference, read_predictions
 
 
 def attach_sampling(results: dict[str, dict | None], run_dir_of: Callable[[str], Path]) -> int:
@@ -70,8 +30,8 @@ def attach_sampling(results: dict[str, dict | None], run_dir_of: Callable[[str],
         fa, fb = last_predictions(run_dir_of(base)), last_predictions(run_dir_of(name))
         if fa is None or fb is None:
             continue
-        a, b = read_columns(fa), read_columns(fb)
-        summary["sampling"] = {t: dict(zip(("rel_diff", "se"), paired_ne_bootstrap(a, b, t)))
+        a, b = read_predictions(fa), read_predictions(fb)
+        summary["sampling"] = {t: dict(zip(("rel_diff", "se"), paired_ne_difference(a, b, t)))
                                for t in TASKS if f"{t}_prob" in a}
         done += 1
     return done
@@ -79,7 +39,7 @@ def attach_sampling(results: dict[str, dict | None], run_dir_of: Callable[[str],
 
 def sampling_table(result_sets: Iterable[dict[str, dict | None]]) -> list[str]:
     """Per variant and task: the pairs' NE spread (sd of the paired differences) against the held-out rows'
-    share of it (root mean square of the pairs' bootstrap standard errors)."""
+    share of it (root mean square of the pairs' standard errors over the rows)."""
     by: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for results in result_sets:
         for name, summary in results.items():

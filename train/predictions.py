@@ -3,8 +3,9 @@
 One file per evaluation, `predictions-step{N}.parquet` in the run dir: `row_id`, and per task `{task}_prob`
 (the model's probability), `{task}_label`, `{task}_weight` (the weight the row carries in the metrics: 0 where the
 label is not observed) and, where the data carries it (synthetic data), `{task}_true` (the true probability).
-Two runs evaluated on the same rows can then be compared row by row, for example to tell how much of their NE
-difference the choice of held-out rows explains (`benchmarks/quality_stats.paired_ne_bootstrap`).
+Two runs evaluated on the same rows can then be compared row by row: `paired_ne_difference` gives their NE
+difference with its standard error over the rows (`gemtrain report compare` prints it where both runs saved
+their predictions).
 """
 
 from __future__ import annotations
@@ -60,3 +61,45 @@ def last_predictions(run_dir: str | Path) -> Path | None:
     found = sorted(Path(run_dir).glob("predictions-step*.parquet"),
                    key=lambda p: int(p.stem.removeprefix("predictions-step")))
     return found[-1] if found else None
+
+
+def read_predictions(path: str | Path) -> dict[str, np.ndarray]:
+    table = pq.read_table(path)
+    return {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+
+
+ETA = 1e-12  # torchrec's clamp of the probabilities, as train.metrics uses it
+
+
+def _cross_entropy(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    p = np.clip(p.astype(np.float64), ETA, 1 - ETA)
+    return -w * (y * np.log2(p) + (1 - y) * np.log2(1 - p))
+
+
+class PairingError(ValueError):
+    """Two predictions files that do not score the same rows the same way."""
+
+
+def paired_ne_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray], task: str) -> tuple[float, float]:
+    """(NE of run b against run a in %, its standard error in % over the held-out rows both scored).
+
+    Both runs see the same labels and weights, so NE's normaliser (the entropy of the rows' mean label) cancels
+    and the relative difference is that of the two cross-entropy sums, R - 1 with R = sum(b) / sum(a). Its error
+    over the choice of rows is the delta method's for a ratio of sums over the same rows,
+    sqrt(n) * sd(b_i - R a_i) / sum(a): the part of the difference that scoring other rows would change.
+    """
+    order_a, order_b = np.argsort(a["row_id"], kind="stable"), np.argsort(b["row_id"], kind="stable")
+    if not np.array_equal(a["row_id"][order_a], b["row_id"][order_b]):
+        raise PairingError("the two runs scored different held-out rows")
+    col = lambda cols, order, name: cols[f"{task}_{name}"][order]
+    y, w = col(a, order_a, "label"), col(a, order_a, "weight")
+    if not (np.array_equal(y, col(b, order_b, "label")) and np.array_equal(w, col(b, order_b, "weight"))):
+        raise PairingError(f"the two runs' {task} labels or weights differ row by row")
+    keep = w > 0
+    ce_a = _cross_entropy(col(a, order_a, "prob"), y, w)[keep]
+    ce_b = _cross_entropy(col(b, order_b, "prob"), y, w)[keep]
+    if ce_a.size < 2:
+        raise PairingError(f"fewer than two held-out rows carry a {task} label")
+    ratio = ce_b.sum() / ce_a.sum()
+    se = float(np.std(ce_b - ratio * ce_a, ddof=1) * np.sqrt(ce_a.size) / ce_a.sum())
+    return 100.0 * (ratio - 1.0), 100.0 * se

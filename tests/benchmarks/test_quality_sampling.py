@@ -1,19 +1,19 @@
-"""The held-out rows' share of a pair's NE difference: a paired bootstrap over per-row predictions."""
+"""The held-out rows' share of a pair's NE difference, from the runs' per-row predictions."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
 
 from benchmarks import quality_sampling as qs
-from benchmarks.quality_stats import QualityError, ne_of
+from benchmarks.quality_stats import ne_of
 from tests.conftest import REPO
 from train.metrics import TaskMetrics
+from train.predictions import PairingError, paired_ne_difference
 
 
 def _run(rng: np.random.Generator, n: int, noise: float, base: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -31,37 +31,45 @@ def _ne(run: dict[str, np.ndarray]) -> float:
     return m.compute()["click"]["ne"]
 
 
-def test_the_difference_is_the_metrics_ne_difference_and_its_error_shrinks_with_the_rows():
+def _bootstrap_se(a, b, draws: int = 400) -> float:
+    """The same error drawn the slow way: resample the rows (both runs' together) and take the spread of R - 1."""
+    ce = [qs_ce(r["click_prob"], r["click_label"]) for r in (a, b)]
+    n = ce[0].size
+    counts = np.random.default_rng(0).multinomial(n, np.full(n, 1.0 / n), size=draws).astype(np.float64)
+    return 100 * float(((counts @ ce[1]) / (counts @ ce[0])).std(ddof=1))
+
+
+def qs_ce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    p = p.astype(np.float64)
+    return -(y * np.log2(p) + (1 - y) * np.log2(1 - p))
+
+
+def test_the_difference_is_the_metrics_ne_difference_and_its_error_the_rows_bootstrap():
     rng = np.random.default_rng(0)
     a = _run(rng, 4000, 0.3)
     b = _run(rng, 4000, 0.4, base=a)
-    diff, se = qs.paired_ne_bootstrap(a, b, "click", draws=400)
+    diff, se = paired_ne_difference(a, b, "click")
     assert diff == pytest.approx(100 * (_ne(b) / _ne(a) - 1), rel=1e-6)  # NE's normaliser cancels in a pair
-    # the delta method's standard error of a ratio of two sums over the same rows
-    ce_a = qs._cross_entropy(a["click_prob"], a["click_label"], a["click_weight"])
-    ce_b = qs._cross_entropy(b["click_prob"], b["click_label"], b["click_weight"])
-    r = ce_b.sum() / ce_a.sum()
-    delta = 100 * np.std(ce_b - r * ce_a, ddof=1) * math.sqrt(len(ce_a)) / ce_a.sum()
-    assert se == pytest.approx(delta, rel=0.15)
-    four = {k: np.concatenate([v] * 4) if k != "row_id" else np.arange(16000) for k, v in a.items()}
-    four_b = {k: np.concatenate([v] * 4) if k != "row_id" else np.arange(16000) for k, v in b.items()}
-    assert qs.paired_ne_bootstrap(four, four_b, "click", draws=400)[1] == pytest.approx(se / 2, rel=0.2)
+    assert se == pytest.approx(_bootstrap_se(a, b), rel=0.15)
+    four, four_b = ({k: np.concatenate([v] * 4) if k != "row_id" else np.arange(16000) for k, v in r.items()}
+                    for r in (a, b))
+    assert paired_ne_difference(four, four_b, "click")[1] == pytest.approx(se / 2, rel=0.02)  # 4x rows: half
 
 
 def test_rows_pair_by_id_and_a_run_against_itself_differs_by_nothing():
     rng = np.random.default_rng(1)
     a = _run(rng, 500, 0.3)
-    assert qs.paired_ne_bootstrap(a, a, "click", draws=50) == (0.0, 0.0)
+    assert paired_ne_difference(a, a, "click") == (0.0, 0.0)
     b = _run(rng, 500, 0.5, base=a)
     shuffled = {k: v[::-1].copy() for k, v in b.items()}
-    assert qs.paired_ne_bootstrap(a, shuffled, "click", draws=50) == qs.paired_ne_bootstrap(a, b, "click", draws=50)
-    with pytest.raises(QualityError, match="different held-out rows"):
-        qs.paired_ne_bootstrap(a, {**b, "row_id": b["row_id"] + 1}, "click")
-    with pytest.raises(QualityError, match="labels or weights differ"):
-        qs.paired_ne_bootstrap(a, {**b, "click_label": 1 - b["click_label"]}, "click")
-    with pytest.raises(QualityError, match="no held-out row"):
-        qs.paired_ne_bootstrap({**a, "click_weight": 0 * a["click_weight"]},
-                               {**b, "click_weight": 0 * b["click_weight"]}, "click")
+    assert paired_ne_difference(a, shuffled, "click") == pytest.approx(paired_ne_difference(a, b, "click"))
+    with pytest.raises(PairingError, match="different held-out rows"):
+        paired_ne_difference(a, {**b, "row_id": b["row_id"] + 1}, "click")
+    with pytest.raises(PairingError, match="labels or weights differ"):
+        paired_ne_difference(a, {**b, "click_label": 1 - b["click_label"]}, "click")
+    with pytest.raises(PairingError, match="fewer than two"):
+        paired_ne_difference({**a, "click_weight": 0 * a["click_weight"]},
+                             {**b, "click_weight": 0 * b["click_weight"]}, "click")
 
 
 def test_the_table_sets_the_rows_error_against_the_pairs_spread():

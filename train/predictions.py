@@ -88,6 +88,8 @@ def paired_ne_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tas
     over the choice of rows is the delta method's for a ratio of sums over the same rows,
     sqrt(n) * sd(b_i - R a_i) / sum(a): the part of the difference that scoring other rows would change.
     """
+    if any(f"{task}_{c}" not in r for r in (a, b) for c in ("prob", "label", "weight")):
+        raise PairingError(f"no {task} predictions in both runs' files")
     order_a, order_b = np.argsort(a["row_id"], kind="stable"), np.argsort(b["row_id"], kind="stable")
     if not np.array_equal(a["row_id"][order_a], b["row_id"][order_b]):
         raise PairingError("the two runs scored different held-out rows")

@@ -203,19 +203,36 @@ def _summary(run_dir: str | Path) -> dict:
     return summary
 
 
+def _with_rows_error(delta: str, base: Path | None, run: Path | None, task: str) -> str:
+    """The NE change with its standard error over the held-out rows, where both runs saved their predictions
+    (`eval.save_predictions`) of the same rows: the part of the change that scoring other rows would move."""
+    if not delta or base is None or run is None:
+        return delta
+    from train.predictions import PairingError, paired_ne_difference, read_predictions
+
+    try:
+        diff, se = paired_ne_difference(read_predictions(base), read_predictions(run), task)
+    except PairingError as e:
+        return f"{delta} ({e})"
+    return f"{diff:+.3f}% ± {se:.3f}%"
+
+
 def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> Comparison:
     """Side-by-side held-out NE, recalibrated NE (where the runs report it), AUC and calibration per task; the
-    change of either NE vs the first run in %."""
+    change of either NE vs the first run in %, and for NE its standard error over the held-out rows where both
+    runs saved their predictions."""
     if len(run_dirs) < 2:
         raise GemtrainError(f"compare needs at least two run folders, got {len(run_dirs)}")
     names = names or [Path(d).name for d in run_dirs]
     from train.metrics import NE_KINDS
+    from train.predictions import last_predictions
 
     summaries = [_summary(d) for d in run_dirs]
     tasks = [t for t in summaries[0]["eval"] if all(t in s["eval"] for s in summaries)]
     if not tasks:
         raise GemtrainError(f"the runs {', '.join(names)} share no evaluated task")
     head = ["task", "metric"] + names + [f"NE vs {names[0]}: {n}" for n in names[1:]]
+    preds = [last_predictions(d) for d in run_dirs]
     rows: list[list[Any]] = []
     for t in tasks:
         evals = [s["eval"][t] for s in summaries]
@@ -226,6 +243,8 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
             base = vals[0]
             deltas = [f"{100 * (v / base - 1):+.3f}%" if metric in NE_KINDS and base else ""
                       for v in vals[1:]]
+            if metric == "ne":
+                deltas = [_with_rows_error(d, preds[0], p, t) for d, p in zip(deltas, preds[1:])]
             rows.append([t, metric.replace("_", " ")] + vals + deltas)
     steps = [s.get("steps") for s in summaries]
     rows.append(["(run)", "steps"] + steps + ["" for _ in steps[1:]])

@@ -67,6 +67,8 @@ def test_rows_pair_by_id_and_a_run_against_itself_differs_by_nothing():
         paired_ne_difference(a, {**b, "row_id": b["row_id"] + 1}, "click")
     with pytest.raises(PairingError, match="labels or weights differ"):
         paired_ne_difference(a, {**b, "click_label": 1 - b["click_label"]}, "click")
+    with pytest.raises(PairingError, match="no conversion predictions"):
+        paired_ne_difference(a, b, "conversion")
     with pytest.raises(PairingError, match="fewer than two"):
         paired_ne_difference({**a, "click_weight": 0 * a["click_weight"]},
                              {**b, "click_weight": 0 * b["click_weight"]}, "click")

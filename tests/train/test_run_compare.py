@@ -66,3 +66,31 @@ def test_compare_names_the_software_a_run_differs_in(tmp_path):
         (tmp_path / d / "summary.json").write_text(json.dumps({**summary, "software": record}))
     row = next(r for r in compare_runs(runs).rows if r[1] == "software differs from a in")
     assert row[2:6] == ["", "nothing", "env GEMTRAIN_ATTN_AUTOTUNE, revision", "not recorded"]
+
+
+def test_ne_change_carries_its_error_over_the_held_out_rows_where_both_runs_saved_predictions(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from train.predictions import paired_ne_difference, predictions_path, read_predictions
+
+    rng = np.random.default_rng(0)
+    true = rng.uniform(0.1, 0.5, 2000)
+    label = (rng.random(2000) < true).astype(np.float32)
+
+    def preds(d: str, noise: float, rows: np.ndarray) -> None:
+        p = np.clip(true * np.exp(noise * rng.standard_normal(2000)), 0.01, 0.99)
+        pq.write_table(pa.table({"row_id": rows, "click_prob": p.astype(np.float32), "click_label": label,
+                                 "click_weight": np.ones(2000, np.float32)}), predictions_path(d, 500))
+
+    runs = [_run(tmp_path, n, 0.80) for n in ("a", "b", "c", "d")]
+    for d, noise in zip(runs[:2], (0.2, 0.4)):
+        preds(d, noise, np.arange(2000))
+    preds(runs[2], 0.4, np.arange(1, 2001))  # another held-out set
+    row = next(r for r in compare_runs(runs).rows if r[:2] == ["click", "ne"])
+    diff, se = paired_ne_difference(read_predictions(predictions_path(runs[0], 500)),
+                                    read_predictions(predictions_path(runs[1], 500)), "click")
+    assert se > 0 and row[6] == f"{diff:+.3f}% ± {se:.3f}%"
+    assert row[7] == "+0.000% (the two runs scored different held-out rows)"
+    assert row[8] == "+0.000%"  # no predictions saved: the change from the summaries alone

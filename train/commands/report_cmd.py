@@ -106,4 +106,6 @@ def _run_compare(args: argparse.Namespace) -> int:
 COMMANDS = [Command("report", "padding", "padding-savings report of a dataset's history lengths "
                     "(terminal table and self-contained HTML)", _add, _run),
             Command("report", "compare", "held-out NE, AUC and calibration of finished runs side by side, "
-                    "and what each run's software differs from the first's in (the first run is the baseline)", _add_compare, _run_compare)]
+                    "and what each run's software differs from the first's in (the first run is the baseline); "
+                    "runs trained with eval.save_predictions=true get the NE change's standard error over the "
+                    "held-out rows", _add_compare, _run_compare)]

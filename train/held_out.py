@@ -19,6 +19,7 @@ class HeldOutScorer:
         self.metrics = TaskMetrics(tasks)
         self.predictions = PredictionLog(tasks) if save_predictions else None
         self._seen: set[int] = set()
+        self.written: Path | None = None  # the predictions file, once finish() wrote it
 
     @property
     def rows(self) -> int:
@@ -39,5 +40,5 @@ class HeldOutScorer:
     def finish(self, run_dir: str | Path, step: int) -> dict:
         """The metrics per task; writes the predictions file of this evaluation where asked."""
         if self.predictions is not None:
-            self.predictions.write(predictions_path(run_dir, step))
+            self.written = self.predictions.write(predictions_path(run_dir, step))
         return self.metrics.compute()

@@ -558,7 +558,8 @@ class Trainer:
         if was_training:
             self.model.train()
         tasks = scorer.finish(self.run_dir, self.step)
-        return {"rows": scorer.rows, "seconds": time.perf_counter() - t0, "tasks": tasks}
+        out = {"rows": scorer.rows, "seconds": time.perf_counter() - t0, "tasks": tasks}
+        return out if scorer.written is None else {**out, "predictions": str(scorer.written)}
 
     def _summary(self, last_eval: dict | None, wall: float) -> dict:
         last_train = next((r for r in reversed(self._history) if r.get("kind") == "train"), {})

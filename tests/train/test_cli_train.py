@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.train.conftest import DEMO_CONFIG, REPO, tiny_overrides
@@ -47,10 +48,12 @@ def test_demo_then_eval_end_to_end(tmp_path):
     assert 0.0 < first["padding_share/history"] < 1.0 and first["attn_padded_over_jagged/history"] > 1.0
 
     # eval of the newest checkpoint, given the run dir
-    p = _gemtrain("eval", str(DEMO_CONFIG), "--checkpoint", str(run), *over)
+    p = _gemtrain("eval", str(DEMO_CONFIG), "--checkpoint", str(run), *over, "--eval.save_predictions=true")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout)
     assert res["step"] == 20 and res["checkpoint"].endswith("step_00000020")
+    assert res["predictions"] == str(run / "predictions-step20.parquet")  # named after the checkpoint's step
+    assert pq.read_metadata(res["predictions"]).num_rows >= 1000
     assert res["tasks"]["click"]["ne"] == pytest.approx(summary["eval"]["click"]["ne"], rel=1e-9)
 
     # train --resume continues from the checkpoint; more steps run on top of it

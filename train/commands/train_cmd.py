@@ -69,6 +69,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     path = resolve_checkpoint(args.checkpoint)
     tr = Trainer(cfg, path.parent.parent, quiet=True)
     state = tr.load_checkpoint(path, model_only=True)
+    tr.step = state["step"]  # names the predictions file (eval.save_predictions) after the checkpoint's step
     res = tr.evaluate(args.url)
     res["checkpoint"] = str(path)
     res["step"] = state["step"]

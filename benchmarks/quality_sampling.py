@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from benchmarks.quality_stats import TASKS, split_seed
+from benchmarks.quality_stats import TARGET_PCT, TASKS, pairs_for, split_seed
 from train.predictions import last_predictions, paired_ne_difference, read_predictions
 
 
@@ -47,17 +47,23 @@ def sampling_table(result_sets: Iterable[dict[str, dict | None]]) -> list[str]:
                 by.setdefault((split_seed(name)[0], task), []).append((r["rel_diff"], r["se"]))
     if not by:
         return []
-    out = ["| variant | task | pairs | sd of the pairs | held-out rows' s.e. (rms) | share of the pairs' variance |",
-           "|---|---|---|---|---|---|"]
+    out = ["| variant | task | pairs | sd of the pairs | held-out rows' s.e. (rms) | share of the pairs' variance | "
+           f"pairs for ±{TARGET_PCT:g}%: now, at {MORE_ROWS}x the rows |", "|---|---|---|---|---|---|---|"]
     for (variant, task), rows in sorted(by.items()):
         diffs = [d for d, _ in rows]
         rms = math.sqrt(sum(se * se for _, se in rows) / len(rows))
+        sd_s = share = need = ""
         if len(diffs) > 1:
             mean = sum(diffs) / len(diffs)
-            sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-            share = f"{min(1.0, rms * rms / (sd * sd)) * 100:.0f}%" if sd > 0 else ""
-            sd_s = f"{sd:.3f}%"
-        else:
-            sd_s = share = ""
-        out.append(f"| {variant} | {task} | {len(rows)} | {sd_s} | {rms:.3f}% | {share} |")
+            var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+            rows_var = min(var, rms * rms)
+            sd_s = f"{math.sqrt(var):.3f}%"
+            share = f"{rows_var / var * 100:.0f}%" if var > 0 else ""
+            # the rows' part of the variance falls with the number of rows; the models' part stays
+            need = f"{pairs_for(var)}, {pairs_for(var - rows_var + rows_var / MORE_ROWS)}"
+        out.append(f"| {variant} | {task} | {len(rows)} | {sd_s} | {rms:.3f}% | {share} | {need} |")
     return out
+
+
+MORE_ROWS = 4
+

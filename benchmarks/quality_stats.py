@@ -137,6 +137,11 @@ def t_quantile(p: float, dof: int) -> float:
     return (lo + hi) / 2
 
 
+def pairs_for(var: float, target: float = TARGET_PCT) -> int:
+    """About how many pairs give the mean a 95% interval of half-width ``target`` when one pair varies by ``var``."""
+    return math.ceil(1.96 ** 2 * var / target ** 2)
+
+
 def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, baseline: str = "bf16",
                  metric: str = "ne") -> list[str]:
     """Per variant and task, the paired relative NE difference against the target: its 95% interval (Student's
@@ -157,7 +162,7 @@ def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, ba
             m, sd = _mean_std(d)
             half = t_quantile(0.975, len(d) - 1) * sd / math.sqrt(len(d))
             lo, hi = m - half, m + half
-            need = math.ceil((1.96 * sd / target) ** 2)
+            need = pairs_for(sd * sd, target)
             rows.append(f"| {v} | {t} | {len(d)} | {m:+.3f}% | {lo:+.3f}% to {hi:+.3f}% | "
                         f"{'yes' if -target <= lo and hi <= target else 'no'} | {'yes' if hi <= target else 'no'} | "
                         f"{need} |")

@@ -78,7 +78,8 @@ def test_the_table_sets_the_rows_error_against_the_pairs_spread():
     runs = {f"tensorwise seed={i}": {"sampling": {"click": {"rel_diff": d, "se": 0.1}}}
             for i, d in enumerate((0.2, -0.2, 0.0))}
     rows = qs.sampling_table([runs, {"bf16 seed=0": {}}])
-    assert rows[2] == "| tensorwise | click | 3 | 0.200% | 0.100% | 25% |"
+    # variance 0.04 (%²), of which the rows' 0.01; at 4x the rows 0.0325: 16 and 13 pairs for ±0.1%
+    assert rows[2] == "| tensorwise | click | 3 | 0.200% | 0.100% | 25% | 16, 13 |"
 
 
 @pytest.mark.timeout(180)

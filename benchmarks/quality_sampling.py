@@ -13,8 +13,10 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from benchmarks.quality_stats import TARGET_PCT, TASKS, pairs_for, split_seed
+from benchmarks.quality_stats import TARGET_PCT, TASKS, mean_std, pairs_for, split_seed, with_seed
 from train.predictions import last_predictions, paired_ne_difference, read_predictions
+
+MORE_ROWS = 4  # the held-out set's growth for which the sampling table counts the pairs needed
 
 
 def attach_sampling(results: dict[str, dict | None], run_dir_of: Callable[[str], Path]) -> int:
@@ -23,7 +25,7 @@ def attach_sampling(results: dict[str, dict | None], run_dir_of: Callable[[str],
     done = 0
     for name, summary in results.items():
         variant, seed = split_seed(name)
-        base = "bf16" if seed is None else f"bf16 seed={seed}"
+        base = with_seed("bf16", seed)
         if variant == "bf16" or not summary or "error" in summary or not results.get(base) \
                 or "error" in results[base]:
             continue
@@ -54,8 +56,7 @@ def sampling_table(result_sets: Iterable[dict[str, dict | None]]) -> list[str]:
         rms = math.sqrt(sum(se * se for _, se in rows) / len(rows))
         sd_s = share = need = ""
         if len(diffs) > 1:
-            mean = sum(diffs) / len(diffs)
-            var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+            var = mean_std(diffs)[1] ** 2
             rows_var = min(var, rms * rms)
             sd_s = f"{math.sqrt(var):.3f}%"
             share = f"{rows_var / var * 100:.0f}%" if var > 0 else ""
@@ -63,7 +64,4 @@ def sampling_table(result_sets: Iterable[dict[str, dict | None]]) -> list[str]:
             need = f"{pairs_for(var)}, {pairs_for(var - rows_var + rows_var / MORE_ROWS)}"
         out.append(f"| {variant} | {task} | {len(rows)} | {sd_s} | {rms:.3f}% | {share} | {need} |")
     return out
-
-
-MORE_ROWS = 4
 

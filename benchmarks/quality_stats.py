@@ -78,14 +78,14 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
     return rows
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
+def mean_std(xs: list[float]) -> tuple[float, float]:
     m = sum(xs) / len(xs)
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan)
 
 
 def _mean_cells(d: list[float], with_sd: bool = True) -> list[str]:
     """Table cells of relative differences in %: mean, (sd,) standard error of the mean (empty below two)."""
-    m, sd = _mean_std(d) if d else (math.nan, math.nan)
+    m, sd = mean_std(d) if d else (math.nan, math.nan)
     return [f"{m:+.3f}%", *([f"{sd:.3f}%"] if with_sd else []), f"{sd / math.sqrt(len(d)):.3f}%" if len(d) > 1 else ""]
 
 
@@ -159,7 +159,7 @@ def target_table(results: dict[str, dict | None], target: float = TARGET_PCT, ba
             if len(d) < 2:
                 rows.append(f"| {v} | {t} | {len(d)} | | | | | |")
                 continue
-            m, sd = _mean_std(d)
+            m, sd = mean_std(d)
             half = t_quantile(0.975, len(d) - 1) * sd / math.sqrt(len(d))
             lo, hi = m - half, m + half
             need = pairs_for(sd * sd, target)

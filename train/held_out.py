@@ -33,9 +33,10 @@ class HeldOutScorer:
         seen = self._seen
         keep = torch.tensor([i not in seen and not seen.add(i) for i in row_ids.tolist()], dtype=torch.float32,
                             device=probs.device).unsqueeze(1)
-        self.metrics.update(probs, labels, mask * keep, weights, oracle)
+        mask = mask * keep
+        self.metrics.update(probs, labels, mask, weights, oracle)
         if self.predictions is not None:
-            self.predictions.update(row_ids, probs, labels, mask * keep, weights, oracle)
+            self.predictions.update(row_ids, probs, labels, mask, weights, oracle)
 
     def finish(self, run_dir: str | Path, step: int) -> dict:
         """The metrics per task; writes the predictions file of this evaluation where asked."""

@@ -16,6 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from torchrec.metrics.ne import compute_cross_entropy
+
+from train.metrics import ETA
 
 
 class PredictionLog:
@@ -68,12 +71,10 @@ def read_predictions(path: str | Path) -> dict[str, np.ndarray]:
     return {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
 
 
-ETA = 1e-12  # torchrec's clamp of the probabilities, as train.metrics uses it
-
-
 def _cross_entropy(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    p = np.clip(p.astype(np.float64), ETA, 1 - ETA)
-    return -w * (y * np.log2(p) + (1 - y) * np.log2(1 - p))
+    """Per-row weighted cross entropy as torchrec's NE (and so train.metrics) computes it."""
+    t = lambda x: torch.from_numpy(np.asarray(x, dtype=np.float64))
+    return compute_cross_entropy(t(y), t(p), t(w), ETA).numpy()
 
 
 class PairingError(ValueError):

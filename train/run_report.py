@@ -203,15 +203,15 @@ def _summary(run_dir: str | Path) -> dict:
     return summary
 
 
-def _with_rows_error(delta: str, base: Path | None, run: Path | None, task: str) -> str:
+def _with_rows_error(delta: str, base: dict | None, run: dict | None, task: str) -> str:
     """The NE change with its standard error over the held-out rows, where both runs saved their predictions
     (`eval.save_predictions`) of the same rows: the part of the change that scoring other rows would move."""
     if not delta or base is None or run is None:
         return delta
-    from train.predictions import PairingError, paired_ne_difference, read_predictions
+    from train.predictions import PairingError, paired_ne_difference
 
     try:
-        diff, se = paired_ne_difference(read_predictions(base), read_predictions(run), task)
+        diff, se = paired_ne_difference(base, run, task)
     except PairingError as e:
         return f"{delta} ({e})"
     return f"{diff:+.3f}% ± {se:.3f}%"
@@ -225,14 +225,15 @@ def compare_runs(run_dirs: list[str | Path], names: list[str] | None = None) -> 
         raise GemtrainError(f"compare needs at least two run folders, got {len(run_dirs)}")
     names = names or [Path(d).name for d in run_dirs]
     from train.metrics import NE_KINDS
-    from train.predictions import last_predictions
+    from train.predictions import last_predictions, read_predictions
 
     summaries = [_summary(d) for d in run_dirs]
     tasks = [t for t in summaries[0]["eval"] if all(t in s["eval"] for s in summaries)]
     if not tasks:
         raise GemtrainError(f"the runs {', '.join(names)} share no evaluated task")
     head = ["task", "metric"] + names + [f"NE vs {names[0]}: {n}" for n in names[1:]]
-    preds = [last_predictions(d) for d in run_dirs]
+    files = [last_predictions(d) for d in run_dirs]
+    preds = [read_predictions(f) if f and files[0] else None for f in files]  # read once, for every task
     rows: list[list[Any]] = []
     for t in tasks:
         evals = [s["eval"][t] for s in summaries]

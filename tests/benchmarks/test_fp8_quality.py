@@ -183,10 +183,10 @@ def test_target_table_reads_intervals_against_the_bound():
     rows = {r.split(" | ")[1]: r.strip("| ").split(" | ") for r in stats.target_table(res) if "tensorwise" in r}
     click, conv = rows["click"], rows["conversion"]
     assert click[2:4] == ["4", "+0.010%"] and click[5:7] == ["yes", "yes"]
-    half = stats.t_quantile(0.975, 3) * stats._mean_std([0.02, -0.02, 0.04, 0.0])[1] / 2
+    half = stats.t_quantile(0.975, 3) * stats.mean_std([0.02, -0.02, 0.04, 0.0])[1] / 2
     assert click[4] == f"{0.01 - half:+.3f}% to {0.01 + half:+.3f}%"
     assert conv[3] == "-0.450%" and conv[5:7] == ["no", "yes"]
-    assert int(conv[7]) == math.ceil((1.96 * stats._mean_std([-0.5, -0.3, -0.4, -0.6])[1] / 0.1) ** 2)
+    assert int(conv[7]) == math.ceil((1.96 * stats.mean_std([-0.5, -0.3, -0.4, -0.6])[1] / 0.1) ** 2)
     # a variant worse by 0.5% on every seed: the loss is not excluded
     worse = {k.replace("tensorwise", "rowwise"): ev(1.005, 1.005) for k in res if k.startswith("tensorwise")}
     rows = [r for r in stats.target_table({**res, **worse}) if r.startswith("| rowwise | click")]

@@ -54,12 +54,17 @@ def rel_diff(results: dict[str, dict | None], run: str, task: str, baseline: str
     return pct_diff(results.get(run), results.get(with_seed(baseline, split_seed(run)[1])), task, metric)
 
 
+# Where a run's wall time went (train.trainer's summary): column heads.
+SECONDS = {"setup_seconds": "setup s", "train_seconds": "train s", "first_step_seconds": "first step s",
+           "data_wait_seconds": "data wait s", "log_seconds": "log s", "eval_seconds": "eval s"}
+
+
 def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
     """Markdown rows: held-out NE, recalibrated and expected NE per task and their relative differences (variant /
     baseline of the same seed - 1) in %."""
     head = [f"{t} {label} | rel. diff" for label in METRICS.values() for t in TASKS]
-    rows = ["| variant | " + " | ".join(head) + " | steps | wall s | train s | data wait s | eval s | last-window ex/s "
-            "| status |", "|---" * (2 * len(head) + 8) + "|"]
+    rows = ["| variant | " + " | ".join(head) + " | steps | wall s | " + " | ".join(SECONDS.values())
+            + " | last-window ex/s | status |", "|---" * (2 * len(head) + 5 + len(SECONDS)) + "|"]
     for name, s in results.items():
         cells = [name]
         is_base = split_seed(name)[0] == baseline
@@ -70,7 +75,7 @@ def table(results: dict[str, dict | None], baseline: str = "bf16") -> list[str]:
         ok = s is not None and "error" not in s
         last = (s or {}).get("train_last") or {}
         secs = [f"{s[k]:.1f}" if s and isinstance(s.get(k), int | float) else ""
-                for k in ("wall_seconds", "train_seconds", "data_wait_seconds", "eval_seconds")]
+                for k in ("wall_seconds", *SECONDS)]
         cells += [str(s.get("steps", "")) if s else "", *secs,
                   f"{last['examples_per_s']:.0f}" if "examples_per_s" in last else "",
                   "ok" if ok else f"FAILED {(s or {}).get('error', 'no summary')}"[:160]]

@@ -328,6 +328,7 @@ def fit_distributed(tr) -> dict:
 
     c = tr.cfg
     tr.data_wait = None  # the pipelined loop overlaps data waits with its other stages: not measured apart
+    tr.log_time = None  # its log lines wait on collectives: not measured apart
     pcfg = ParallelConfig.from_dict(getattr(c, "distributed", None))
     info = tdist.setup(c.train.device, pcfg.timeout_s)
     main = info.is_main
@@ -407,6 +408,7 @@ def fit_distributed(tr) -> dict:
     # the window's loss stays on the device (a float() per step would make the host wait for each step)
     win_t0, win_steps, win_loss, win_examples, win_events, win_step_s = time.perf_counter(), 0, None, 0, 0, 0.0
     tr.model.train()
+    tr.setup_time = time.perf_counter() - t_start
     while tr.step < total:
         f = lr_factor(tr.step, c.optim.warmup_steps, total, c.optim.decay, c.optim.min_lr_ratio)
         for g in opt.opt.optimizers[0][1].param_groups:  # "dense" first: the LR schedule is dense only
@@ -442,6 +444,8 @@ def fit_distributed(tr) -> dict:
         dt = time.perf_counter() - t0
         win_step_s += dt
         tr.train_time += dt
+        if tr.first_step_time is None:
+            tr.first_step_time = dt
         if tr.step % c.train.log_every == 0 or tr.step == total:
             count_skips(wait=True)
             wall = time.perf_counter() - win_t0

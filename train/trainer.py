@@ -180,6 +180,9 @@ class Trainer:
         # Seconds this process's training loop waited for its next batch (not kept in checkpoints; None where the
         # loop does not measure it: the distributed loop overlaps the wait with its pipeline).
         self.data_wait: float | None = 0.0
+        # This fit's time before its first step, in that step (compiles land there) and in log lines (None: not
+        # measured apart); not kept in checkpoints.
+        self.setup_time, self.first_step_time, self.log_time = 0.0, None, 0.0
         self.padding = PaddingStats()
         self.loader_state: Any = None
         self._tb = None
@@ -196,11 +199,9 @@ class Trainer:
 
     def _loader(self, url: str, *, train: bool) -> Any:
         c = self.cfg
-        if train:
-            return make_loader(self.schema, c, url, batch_size=c.train.batch_size, shuffle=True,
-                               epochs=c.data.epochs, seed=c.train.seed)
-        return make_loader(self.schema, c, url, batch_size=c.eval.batch_size or c.train.batch_size,
-                           shuffle=False, epochs=1, seed=c.train.seed)
+        batch_size = c.train.batch_size if train else (c.eval.batch_size or c.train.batch_size)
+        return make_loader(self.schema, c, url, batch_size=batch_size, shuffle=train,
+                           epochs=c.data.epochs if train else 1, seed=c.train.seed)
 
     def _oracle(self, batch: JaggedBatch) -> dict[str, torch.Tensor] | None:
         out = {t: batch.metadata[f"p_{t}"] for t in self.tasks if f"p_{t}" in batch.metadata}
@@ -324,6 +325,7 @@ class Trainer:
         self.model.train()
         self._mfu_win = _MFUWindow(step0=self.step, events0=self.events_seen)
         batch = None
+        self.setup_time = time.perf_counter() - t_start
         try:
             while self.step < total:
                 t_iter = time.perf_counter()
@@ -338,11 +340,13 @@ class Trainer:
                 if lstate is not None:
                     self.loader_state = lstate
                 if self.step % c.train.log_every == 0 or self.step == total:
+                    t = time.perf_counter()
                     rec = self._log_train(win, train_metrics, batch)
                     train_metrics.reset()
                     win = _Window()
                     if pbar is not None:
                         pbar.set_postfix_str(self._postfix(rec), refresh=False)
+                    self.log_time += time.perf_counter() - t
                 if pbar is not None:
                     pbar.update(1)
                 mfu_every = c.logging.local_mfu_every
@@ -420,7 +424,9 @@ class Trainer:
             for k, v in per_task.items():
                 win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + v.detach().float()
             metrics.update(torch.sigmoid(logits.detach()), batch.labels, batch.label_mask, batch.weights)
-        self.train_time += time.perf_counter() - t_step
+        dt = time.perf_counter() - t_step
+        self.train_time += dt
+        self.first_step_time = dt if self.first_step_time is None else self.first_step_time
         if not ok and self.skipped >= c.train.nan_guard_max:
             raise TrainingStopped(f"training stopped at step {self.step}: {self.skipped} steps had a non-finite "
                                   f"loss or gradient (train.nan_guard_max={c.train.nan_guard_max}); check the "
@@ -575,6 +581,9 @@ class Trainer:
             "data_wait_seconds": self.data_wait,
             "eval_seconds": last_eval["seconds"] if last_eval else None,
             "wall_seconds": wall,
+            "setup_seconds": self.setup_time,
+            "first_step_seconds": self.first_step_time,
+            "log_seconds": self.log_time,
             "examples_per_s": self.examples_seen / self.train_time if self.train_time else 0.0,
             "events_per_s": self.events_seen / self.train_time if self.train_time else 0.0,
             "device": str(self.device),

@@ -207,15 +207,19 @@ def test_mps_needs_the_control_program_and_a_gpu_run(tmp_path):
 
 def test_run_table_shows_where_each_run_spent_its_wall_time():
     ev = {"click": {"ne": 0.8}, "conversion": {"ne": 0.9}}
-    run = dict(eval=ev, steps=5, wall_seconds=20.0, train_seconds=12.0, data_wait_seconds=3.0, eval_seconds=1.5)
-    res = {"bf16": run, "tensorwise": {**run, "data_wait_seconds": None}, "rowwise": None}
+    run = dict(eval=ev, steps=5, wall_seconds=20.0, setup_seconds=2.5, train_seconds=12.0, first_step_seconds=4.0,
+               data_wait_seconds=3.0, log_seconds=0.5, eval_seconds=1.5)
+    res = {"bf16": run, "tensorwise": {**run, "data_wait_seconds": None}, "rowwise": None,
+           "rowwise fast": {k: v for k, v in run.items() if k != "setup_seconds"}}  # a summary from before setup_s
     header, rule, *rows = stats.table(res)
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert len(cols) == rule.count("|---") and len(rows) == 3
+    assert len(cols) == rule.count("|---") and len(rows) == 4
     cells = {r.split(" | ")[0].strip("| "): [c.strip() for c in r.strip("|").split("|")] for r in rows}
-    at = {name: cols.index(name) for name in ("wall s", "train s", "data wait s", "eval s", "status")}
-    assert [cells["bf16"][at[k]] for k in ("wall s", "train s", "data wait s", "eval s")] == ["20.0", "12.0", "3.0", "1.5"]
+    secs = ("wall s", "setup s", "train s", "first step s", "data wait s", "log s", "eval s")
+    at = {name: cols.index(name) for name in (*secs, "status")}
+    assert [cells["bf16"][at[k]] for k in secs] == ["20.0", "2.5", "12.0", "4.0", "3.0", "0.5", "1.5"]
     assert cells["tensorwise"][at["data wait s"]] == ""  # not measured (a distributed run)
+    assert cells["rowwise fast"][at["setup s"]] == "" and cells["rowwise fast"][at["status"]] == "ok"
     assert cells["rowwise"][at["status"]].startswith("FAILED")
 
 

@@ -26,6 +26,8 @@ def test_launch_trains_sharded_and_checkpoints(tmp_path):
     assert "sharding plan:" in proc.stderr and "embeddings.ec" in proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["setup_seconds"] > 0 and 0 < summary["first_step_seconds"] <= summary["train_seconds"]
+    assert summary["log_seconds"] is None and summary["data_wait_seconds"] is None  # not measured apart
     assert summary["eval"]["click"]["auc"] == summary["eval"]["click"]["auc"]  # held-out metrics computed
     assert summary["eval_rows"] == 48  # every held-out row once, over both ranks
     rows = pq.read_table(tmp_path / "run" / "predictions-step4.parquet").to_pydict()  # rank 0 writes all ranks' rows

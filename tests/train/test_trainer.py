@@ -40,10 +40,13 @@ def test_tiny_model_learns_and_the_no_history_switch_applies(tiny_cfg, tmp_path)
     evals = [r for r in evals if r["kind"] == "eval"]
     assert evals and evals[-1]["ne_expected/click"] == with_h["eval"]["click"]["ne_expected"]
     assert with_h["steps"] == 250 and with_h["examples_per_s"] > 0 and with_h["events_per_s"] > 0
-    # where the wall time went: steps, waits for batches and the final evaluation, none counted twice
+    # where the wall time went: set-up, steps (the first among them), waits for batches, log lines and the final
+    # evaluation, none counted twice
     for s in (with_h, without):
-        assert s["data_wait_seconds"] >= 0 and s["eval_seconds"] > 0
-        assert s["train_seconds"] + s["data_wait_seconds"] + s["eval_seconds"] <= s["wall_seconds"]
+        assert s["data_wait_seconds"] >= 0 and s["eval_seconds"] > 0 and s["log_seconds"] > 0
+        assert 0 < s["first_step_seconds"] < s["train_seconds"] and s["setup_seconds"] > 0
+        parts = ("setup_seconds", "train_seconds", "data_wait_seconds", "log_seconds", "eval_seconds")
+        assert sum(s[k] for k in parts) <= s["wall_seconds"]
     assert without["events"] > 0  # the batches still carried histories; the model ignored them
     sw = with_h["software"]  # what the figures depend on besides the config
     assert sw["torch"] == torch.__version__ and sw["device_name"] == "cpu" and isinstance(sw["env"], dict)

@@ -38,8 +38,9 @@ class HeldOutScorer:
         if self.predictions is not None:
             self.predictions.update(row_ids, probs, labels, mask, weights, oracle)
 
-    def finish(self, run_dir: str | Path, step: int) -> dict:
-        """The metrics per task; writes the predictions file of this evaluation where asked."""
+    def finish(self, run_dir: str | Path, step: int, other_data: str | None = None) -> dict:
+        """The metrics per task; writes the predictions file of this evaluation where asked (`other_data`: the URL
+        of held-out data other than the run's own, named in the file: `train.predictions.predictions_path`)."""
         if self.predictions is not None:
-            self.written = self.predictions.write(predictions_path(run_dir, step))
+            self.written = self.predictions.write(predictions_path(run_dir, step, other_data))
         return self.metrics.compute()

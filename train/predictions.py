@@ -1,6 +1,7 @@
 """Per-row held-out predictions (`eval.save_predictions`), written as Parquet for offline analysis.
 
-One file per evaluation, `predictions-step{N}.parquet` in the run dir: `row_id`, and per task `{task}_prob`
+One file per evaluation, `predictions-step{N}.parquet` in the run dir (`predictions-step{N}-{data}.parquet` for
+held-out data other than the config's `data.eval_url`, e.g. `gemtrain eval --url`, so that file is kept): `row_id`, and per task `{task}_prob`
 (the model's probability), `{task}_label`, `{task}_weight` (the weight the row carries in the metrics: 0 where the
 label is not observed) and, where the data carries it (synthetic data), `{task}_true` (the true probability).
 Two runs evaluated on the same rows can then be compared row by row: `paired_ne_difference` gives their NE
@@ -10,6 +11,8 @@ their predictions).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +58,23 @@ class PredictionLog:
         return path
 
 
-def predictions_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / f"predictions-step{step}.parquet"
+def predictions_path(run_dir: str | Path, step: int, other_data: str | None = None) -> Path:
+    """The file of the evaluation at `step`; `other_data`: the URL of held-out data other than the run's own, named
+    in the file (its last part and a hash of the whole URL)."""
+    if other_data is None:
+        return Path(run_dir) / f"predictions-step{step}.parquet"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", other_data.rstrip("/").rsplit("/", 1)[-1])[:40]
+    return Path(run_dir) / f"predictions-step{step}-{name}-{hashlib.sha1(other_data.encode()).hexdigest()[:8]}.parquet"
+
+
+_OWN = re.compile(r"predictions-step(\d+)\.parquet")
 
 
 def last_predictions(run_dir: str | Path) -> Path | None:
-    """The predictions file of a run's last evaluation, or None where it saved none."""
-    found = sorted(Path(run_dir).glob("predictions-step*.parquet"),
-                   key=lambda p: int(p.stem.removeprefix("predictions-step")))
-    return found[-1] if found else None
+    """The predictions file of a run's last evaluation on its own held-out data, or None where it saved none."""
+    found = [(int(m.group(1)), p) for p in Path(run_dir).glob("predictions-step*.parquet")
+             if (m := _OWN.fullmatch(p.name))]
+    return max(found)[1] if found else None
 
 
 def read_predictions(path: str | Path) -> dict[str, np.ndarray]:

@@ -538,7 +538,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, url: str | None = None) -> dict:
         """Held-out metrics per task: NE, AUC, calibration (and oracle NE where the data has it)."""
-        url = url or self.cfg.data.eval_url
+        own = self.cfg.data.eval_url
+        url = url or own
         if not url:
             raise GemtrainError("no held-out data: set data.eval_url")
         was_training = self.model.training
@@ -563,7 +564,7 @@ class Trainer:
                 break
         if was_training:
             self.model.train()
-        tasks = scorer.finish(self.run_dir, self.step)
+        tasks = scorer.finish(self.run_dir, self.step, None if url == own else url)
         out = {"rows": scorer.rows, "seconds": time.perf_counter() - t0, "tasks": tasks}
         return out if scorer.written is None else {**out, "predictions": str(scorer.written)}
 

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests.train.conftest import DEMO_CONFIG, REPO, tiny_overrides
+from train.predictions import last_predictions
 
 
 def _gemtrain(*args: str) -> subprocess.CompletedProcess:
@@ -55,6 +57,12 @@ def test_demo_then_eval_end_to_end(tmp_path):
     assert res["predictions"] == str(run / "predictions-step20.parquet")  # named after the checkpoint's step
     assert pq.read_metadata(res["predictions"]).num_rows >= 1000
     assert res["tasks"]["click"]["ne"] == pytest.approx(summary["eval"]["click"]["ne"], rel=1e-9)
+    # other held-out data gets a file of its own: the one of the run's own held-out data is kept
+    own = pq.read_table(res["predictions"])
+    other = json.loads(_gemtrain("eval", str(DEMO_CONFIG), "--checkpoint", str(run), *over,
+                                 "--eval.save_predictions=true", "--url", str(data / "train")).stdout)
+    assert Path(other["predictions"]).name.startswith("predictions-step20-train-")
+    assert pq.read_table(res["predictions"]).equals(own) and last_predictions(run) == Path(res["predictions"])
 
     # train --resume continues from the checkpoint; more steps run on top of it
     p = _gemtrain("train", str(DEMO_CONFIG), "--run-dir", str(run), "--resume", *over, "--train.steps=25")

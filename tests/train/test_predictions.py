@@ -40,6 +40,20 @@ def test_the_last_evaluation_writes_every_held_out_row_once(tiny_cfg, tmp_path):
             assert again[task][key] == pytest.approx(s["eval"][task][key], rel=1e-6), (task, key)
 
 
+def test_other_held_out_data_is_named_in_its_file_and_not_read_as_the_runs_own(tmp_path):
+    run = tmp_path / "r"
+    other = predictions_path(run, 6, "s3://bucket/held out/day=2026-12-01/")
+    assert other.name.startswith("predictions-step6-day_2026-12-01-") and other.parent == run
+    assert other != predictions_path(run, 6, "s3://other-bucket/held out/day=2026-12-01")  # the whole URL counts
+    log = PredictionLog(["a"])
+    log.update(torch.tensor([0]), torch.tensor([[0.5]]), torch.tensor([[1.0]]), torch.ones(1, 1), torch.ones(1, 1))
+    log.write(other)
+    assert last_predictions(run) is None
+    for step in (6, 12):
+        log.write(predictions_path(run, step))
+    assert last_predictions(run) == predictions_path(run, 12)
+
+
 def test_without_the_switch_no_file_is_written(tiny_cfg, tmp_path):
     Trainer(tiny_cfg(train__steps=2), tmp_path / "r", quiet=True).fit()
     assert last_predictions(tmp_path / "r") is None

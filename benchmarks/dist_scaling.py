@@ -15,14 +15,14 @@ read per step; host: the earlier step, which read the touched-row counts and the
 host after backward):
 1. baseline: every rank trains its own copy of the model alone on its own GPU (the single-GPU step:
    no process group traffic, the same optimizers and guard code as the data-parallel rows,
-   `_ClippedOptimizer` on local gradients), `steps` timed steps after warm-up; the 1-GPU rate is
+   `ClippedOptimizer` on local gradients), `steps` timed steps after warm-up; the 1-GPU rate is
    the batch over the mean of the ranks' step times;
 2. data parallel over all ranks with `model.parallelize.parallelize` (`distributed.sparse:
    replicate`: tables replicated with a row-sparse gradient all-reduce, since fbgemm's CUDA kernels
    are not on the benchmark machine), once per `--dense` layout: fsdp (FSDP2 per block, bf16 params),
    fsdp_keep (the same, `reshard_after_forward: false`), ddp (torch DDP, bucketed all-reduce during
    backward), ddp_bf16 (the same with gradients and table rows sent as bf16, `reduce_dtype: bf16`), with the
-   distributed trainer's optimizer wrapper (`_ClippedOptimizer`).
+   distributed trainer's optimizer wrapper (`ClippedOptimizer`).
 All layouts of a split are built first and kept; after warm-up each is timed for `--steps` steps in
 turn, `--reps` turns, so drift of the machine (clocks, the other GPU) falls on every layout alike.
 Per turn: the 1-GPU step time is the mean of the ranks' (each alone), the N-GPU time the slowest
@@ -195,7 +195,7 @@ def _sync_sites(step, batch, dev) -> dict[str, int]:
 def _guarded_step(model_loss, opt, dev, autocast: bool):
     """The trainer's step: zero_grad, forward + loss, backward, the clipped / NaN-guarded optimizer step,
     and the NaN guard's flag pushed and polled as the distributed loop does (`SkipCounter`)."""
-    from train.dist_trainer import SkipCounter
+    from train.step_guard import SkipCounter
 
     skips = SkipCounter()
     n = [0]
@@ -216,17 +216,18 @@ def _guarded_step(model_loss, opt, dev, autocast: bool):
 
 def _single_gpu(schema, cfg, tasks, dev, autocast: bool, guard: str, alone):
     """The single-GPU step (plain model) with the distributed step's loss, optimizers and guard code
-    (`make_loss_fn` over a one-rank group, so no collective; `_ClippedOptimizer` on this process's
+    (`make_loss_fn` over a one-rank group, so no collective; `ClippedOptimizer` on this process's
     gradients: fused AdamW, row-wise Adagrad on the tables); -> (step, None)."""
     from model import build_model
     from model.parallelize import make_loss_fn
-    from train.dist_trainer import _ClippedOptimizer, combined_optimizer
+    from train.dist_trainer import combined_optimizer
+    from train.step_guard import ClippedOptimizer
     from train.trainer import split_params
 
     torch.manual_seed(0)
     model = build_model(schema, cfg.model).to(dev)
     dense, tables = split_params(model)
-    opt = _ClippedOptimizer(combined_optimizer(dense, tables, cfg), list(dense.values()), cfg.optim.clip_grad_norm,
+    opt = ClippedOptimizer(combined_optimizer(dense, tables, cfg), list(dense.values()), cfg.optim.clip_grad_norm,
                             distributed=False, device_guard=guard == "device")
     loss_fn = make_loss_fn(tasks, group=alone)
     return _guarded_step(lambda b: loss_fn(model(b), b)[0], opt, dev, autocast), None
@@ -270,8 +271,8 @@ def _data_parallel(schema, cfg, tasks, dev, autocast: bool, dense: str, guard: s
     gradient norm read on the host after backward, the update skipped on the host)."""
     from model import build_model
     from model.parallelize import ParallelConfig, parallelize
-    from train.dist_trainer import _ClippedOptimizer
     from train.dist_trainer import build_optimizer as dist_optimizer
+    from train.step_guard import ClippedOptimizer
 
     torch.manual_seed(0)
     model = build_model(schema, cfg.model).to(dev)
@@ -279,7 +280,7 @@ def _data_parallel(schema, cfg, tasks, dev, autocast: bool, dense: str, guard: s
                      batch_size=cfg.train.batch_size, loss_tasks=tasks, log=lambda _m: None)
     copt, dparams = dist_optimizer(pz, cfg)
     pz.replicated_sync.mark_at_forward = guard == "device"
-    opt = _ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync,
+    opt = ClippedOptimizer(copt, dparams, cfg.optim.clip_grad_norm, pz.replicated_sync,
                             device_guard=guard == "device")
     if guard == "device" and not opt.device_guard:
         raise RuntimeError("the device guard fell back to the host guard (an optimizer cannot skip on the device)")

@@ -255,7 +255,7 @@ def _ep_ref_names(tm: torch.nn.Module) -> dict[str, str]:
 
 def run_layout(info, layout: dict) -> dict:
     from model.losses import multitask_loss
-    from train.dist_trainer import global_grad_norm
+    from train.step_guard import global_grad_norm
 
     schema = tiny_schema()
     tasks = list(schema.label_names)

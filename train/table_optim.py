@@ -34,16 +34,24 @@ def sparse_grad_values(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return [g._values() if g.is_sparse else g for g in grads]
 
 
-def touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unique rows, their summed gradient rows) of a row-sparse gradient.
+def touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, their summed gradient rows, valid) of a row-sparse gradient, one slot per stored lookup.
 
-    Not `coalesce()`: its CUDA kernel sums a row's duplicates one after another, and a small table (a
-    category, an action type) is looked up thousands of times per batch; sorting the ids and adding
-    the duplicates with `index_add_` (atomics) runs in parallel.
+    Slots are sorted by row; the first slot of each distinct row holds that row and its summed gradient, and
+    `valid` marks those. The other slots hold row 0 and zeros. The sizes do not depend on the data, so the host
+    never waits for the device (`torch.unique` does). Not `coalesce()` either: its CUDA kernel sums a row's
+    duplicates one after another, and a small table (a category, an action type) is looked up thousands of
+    times per batch; the duplicates are added with `index_add_` (atomics) in parallel.
     """
-    rows, inverse = torch.unique(grad._indices()[0], return_inverse=True)
-    vals = grad._values()
-    return rows, vals.new_zeros(rows.numel(), *vals.shape[1:]).index_add_(0, inverse, vals)
+    ids, vals = grad._indices()[0], grad._values()
+    sorted_ids, order = torch.sort(ids)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    slot = torch.cumsum(first, 0) - 1  # the slot of each lookup's distinct row
+    summed = torch.zeros_like(vals).index_add_(0, slot, vals[order])
+    rows = torch.zeros_like(sorted_ids).scatter_(0, slot, sorted_ids)  # a slot's lookups all write its row
+    valid = torch.arange(ids.numel(), device=ids.device) < first.sum()
+    return rows, summed, valid
 
 
 class RowSparseAdagrad(RowWiseAdagrad):
@@ -78,12 +86,13 @@ class RowSparseAdagrad(RowWiseAdagrad):
     def _sparse_update(p: torch.Tensor, state: dict, group: dict) -> None:
         state["step"] += 1  # a CPU tensor: reading it does not wait for the device
         clr = group["lr"] / (1 + (state["step"].item() - 1) * group["lr_decay"])
-        rows, vals = touched_rows(p.grad)
+        rows, vals, valid = touched_rows(p.grad)
+        valid = valid.unsqueeze(1)
         if group["maximize"]:
             vals = -vals
         if group["weight_decay"]:
-            vals = vals + group["weight_decay"] * p[rows]
+            vals = vals + group["weight_decay"] * p[rows] * valid
         state_sum = state["sum"]
-        state_sum.index_add_(0, rows, vals.pow(2).mean(dim=1, keepdim=True))
+        state_sum.index_add_(0, rows, vals.pow(2).mean(dim=1, keepdim=True))  # other slots add zeros to row 0
         std = state_sum[rows].sqrt_().add_(group["eps"])  # advanced indexing copies: in place is safe
-        p.index_add_(0, rows, vals / std, alpha=-clr)
+        p.index_add_(0, rows, torch.where(valid, vals / std, 0.0), alpha=-clr)

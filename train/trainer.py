@@ -12,8 +12,10 @@
 - LR: linear warm-up, then linear or cosine decay to `min_lr_ratio` at `train.steps` (dense only;
   the sparse optimizer keeps its learning rate, as row-wise Adagrad is usually run).
 - bf16 autocast on CUDA; float32 on CPU. The loss is computed in float32.
-- NaN/Inf guard: a step whose loss or gradient norm is not finite is skipped (no update) and
-  counted; training stops with an error after `train.nan_guard_max` of them.
+- NaN/Inf guard (train/step_guard.py, shared with the distributed loop): a step whose loss or gradient norm is
+  not finite is skipped (no update) and counted; training stops with an error after `train.nan_guard_max` of
+  them. On CUDA the check, the clipping and the skip stay on the device (fused AdamW's `found_inf`, the tables'
+  gradients zeroed), and the flag is read a step or two later, so the host does not wait for each step.
 - Outputs in the run dir: metrics.jsonl (one JSON per logged step / evaluation), summary.json,
   checkpoints/, tb/ (TensorBoard, if installed), report.html.
 - `logging.local_mfu_every: N`: at every N-th step (and the last) the step's batch is also run through each
@@ -49,6 +51,7 @@ from train.held_out import HeldOutScorer
 from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.precision import apply_config_policy
 from train.provenance import software
+from train.step_guard import ClippedOptimizer, SkipCounter, count_skipped
 
 
 class TrainingStopped(GemtrainError):
@@ -104,8 +107,9 @@ def build_optimizer(model: nn.Module, cfg: RunConfig):
     opts = []
     dense_opt = None
     if dense:
-        # one fused kernel for all parameters on CUDA (torch's foreach path takes several passes)
-        fused = all(p.is_cuda and p.is_floating_point() for p in dense.values()) or None
+        # one fused kernel for all parameters (torch's foreach path takes several passes); it can skip a step
+        # on the device (train/step_guard.py)
+        fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in dense.values()) or None
         dense_opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.AdamW(
             ps, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, fused=fused))
         opts.append(("dense", dense_opt))
@@ -115,7 +119,8 @@ def build_optimizer(model: nn.Module, cfg: RunConfig):
             use_row_sparse_gradients([m for _, m in embedding_modules(model)])
             factory = lambda ps: RowSparseAdagrad(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
         else:
-            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay)
+            fused_t = all(p.device.type in ("cuda", "cpu") for p in sparse.values()) or None  # as the dense AdamW
+            factory = lambda ps: torch.optim.Adam(ps, lr=s.lr, eps=s.eps, weight_decay=s.weight_decay, fused=fused_t)
         opts.append(("sparse", KeyedOptimizerWrapper(sparse, factory)))
     if not opts:
         raise GemtrainError("the model has no trainable parameters")
@@ -128,11 +133,12 @@ class _Window:
 
     t0: float = field(default_factory=time.perf_counter)
     steps: int = 0
-    ok_steps: int = 0  # steps not skipped by the NaN guard
+    ok_steps: float | torch.Tensor = 0  # steps not skipped by the NaN guard (a device sum under the device guard)
     examples: int = 0
     events: int = 0
     loss_sum: float | torch.Tensor = 0.0  # device sums, read at the log line
     task_loss_sum: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    predictions: list[tuple] = field(default_factory=list)  # the steps' TaskMetrics.update arguments, on the device
 
 
 @dataclass
@@ -145,6 +151,7 @@ class _MFUWindow:
 
 
 class Trainer:
+    device_guard = True  # False: the NaN guard reads each step's flag on the host (benchmarks/step_guard.py)
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  model: nn.Module | None = None, quiet: bool = False):
         self.cfg = cfg
@@ -317,6 +324,9 @@ class Trainer:
             return s == total or (every > 0 and s % every == 0)
 
         self.step_at_start = self.step
+        self._guard = ClippedOptimizer(self.optimizer, self.dense_params, c.optim.clip_grad_norm, distributed=False,
+                                       tables=self.sparse_params, device_guard=self.device_guard)
+        self._skips = SkipCounter()
         pf = DevicePrefetcher(loader, self.device, want_state, transform=ledger.attach(self, loader))
         train_metrics = TaskMetrics(self.tasks, max_auc_examples=200_000)
         win = _Window()
@@ -335,7 +345,7 @@ class Trainer:
                     self.log(f"the training data ran out after {self.step} steps (data.epochs={c.data.epochs})")
                     break
                 batch, lstate = item
-                self._train_step(batch, pf, train_metrics, win)
+                self._train_step(batch, pf, win)
                 self._mfu_win.seconds += time.perf_counter() - t_iter
                 if lstate is not None:
                     self.loader_state = lstate
@@ -360,11 +370,13 @@ class Trainer:
                     win.t0 += time.perf_counter() - t
                 if (every and self.step % every == 0) or (self.step == total and c.checkpoint.at_end):
                     t = time.perf_counter()
+                    self._count_skips(wait=True)  # the checkpoint keeps the count
                     self.save_checkpoint()
                     win.t0 += time.perf_counter() - t
         finally:
             if pbar is not None:
                 pbar.close()
+        self._count_skips(wait=True)
         if c.logging.local_mfu_every and batch is not None and self._mfu_last_step != self.step:
             self._measure_mfu(batch)  # the data ran out before train.steps
         if c.eval.at_end and c.data.eval_url:
@@ -388,7 +400,7 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n")
         return summary
 
-    def _train_step(self, batch: JaggedBatch, pf: DevicePrefetcher, metrics: TaskMetrics, win: _Window) -> None:
+    def _train_step(self, batch: JaggedBatch, pf: DevicePrefetcher, win: _Window) -> None:
         c = self.cfg
         t_step = time.perf_counter()
         f = lr_factor(self.step, c.optim.warmup_steps, c.train.steps, c.optim.decay, c.optim.min_lr_ratio)
@@ -396,19 +408,13 @@ class Trainer:
             for g in self.dense_opt.param_groups:
                 g["lr"] = c.optim.lr * f
         loss, per_task, logits = self._forward_loss(batch)
-        # No host read before backward: a non-finite loss gives non-finite gradients, and the one check
-        # below (loss and gradient norms together) skips the update.
         loss.backward()
         pf.preload()  # the next batch's copy overlaps this step's backward and update
-        ok = self._grads_finite_and_clip(loss)
-        if ok:
-            self.optimizer.step()
-        else:
-            self.skipped += 1
-            self.log(f"step {self.step + 1}: non-finite loss or gradients; step skipped "
-                     f"({self.skipped} of at most {c.train.nan_guard_max})")
+        self._guard.step(loss=loss)  # clip, check the loss and gradients, update or skip (module docstring)
+        ok = self._guard.last_ok  # a bool, or the device flag (read later by _count_skips)
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self._skips.push(self.step, ok)
         ledger.after_step(self)  # rows.jsonl and ledger.json (train/ledger.py)
         n, ev = batch.batch_size, real_events(batch)
         self.examples_seen += n
@@ -417,35 +423,23 @@ class Trainer:
         win.steps += 1
         win.examples += n
         win.events += ev
-        if ok:
-            win.ok_steps += 1
-            # summed on the device and read at the log line, so the host does not wait for this step
-            win.loss_sum = win.loss_sum + loss.detach().float()
-            for k, v in per_task.items():
-                win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + v.detach().float()
-            metrics.update(torch.sigmoid(logits.detach()), batch.labels, batch.label_mask, batch.weights)
+        # kept on the device and read at the log line, so the host does not wait for this step; a skipped
+        # step's terms are masked out
+        ok = torch.as_tensor(ok, device=loss.device)
+        win.ok_steps = win.ok_steps + ok.float()
+        win.loss_sum = win.loss_sum + torch.where(ok, loss.detach().float(), 0.0)
+        for k, v in per_task.items():
+            win.task_loss_sum[k] = win.task_loss_sum.get(k, 0.0) + torch.where(ok, v.detach().float(), 0.0)
+        win.predictions.append((torch.where(ok, torch.sigmoid(logits.detach()), 0.5), batch.labels,
+                                batch.label_mask * ok, batch.weights))
         dt = time.perf_counter() - t_step
         self.train_time += dt
         self.first_step_time = dt if self.first_step_time is None else self.first_step_time
-        if not ok and self.skipped >= c.train.nan_guard_max:
-            raise TrainingStopped(f"training stopped at step {self.step}: {self.skipped} steps had a non-finite "
-                                  f"loss or gradient (train.nan_guard_max={c.train.nan_guard_max}); check the "
-                                  "data for NaN/Inf values, or lower optim.lr")
+        self._count_skips()
 
-    def _grads_finite_and_clip(self, loss: torch.Tensor) -> bool:
-        """Clip the dense gradients; whether the loss and every gradient are finite (the step's one host read)."""
-        clip = self.cfg.optim.clip_grad_norm
-        grads = [p for p in self.dense_params if p.grad is not None]
-        norms = [loss.detach().float().reshape(())]
-        if grads:
-            norms.append(torch.nn.utils.clip_grad_norm_(grads, clip if clip > 0 else float("inf"),
-                                                        error_if_nonfinite=False, foreach=None))
-        sparse = [p.grad for p in self.sparse_params if p.grad is not None]
-        if sparse:
-            from train.table_optim import sparse_grad_values
-
-            norms.append(torch.nn.utils.get_total_norm(sparse_grad_values(sparse)))
-        return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+    def _count_skips(self, wait: bool = False) -> None:
+        """The NaN guard's count from the flags that have arrived (all with `wait`); stops at the limit."""
+        count_skipped(self, self._skips, self.log, wait)
 
     def _achieved_flops(self, batch: JaggedBatch, events: int, seconds: float) -> tuple[float, float | None]:
         """(training TFLOP/s, end-to-end MFU or None) of a log window, from the model's FLOP count of the
@@ -461,11 +455,15 @@ class Trainer:
         return achieved / 1e12, (achieved / peak if peak else None)
 
     def _log_train(self, win: _Window, metrics: TaskMetrics, batch: JaggedBatch | None = None) -> dict:
+        self._count_skips(wait=True)  # the record's skipped_steps
+        for args in win.predictions:
+            metrics.update(*args)
         dt = max(time.perf_counter() - win.t0, 1e-9)
-        good = max(1, win.ok_steps)
+        ok_steps = float(win.ok_steps)
+        good = max(1.0, ok_steps)
         m = metrics.compute()
         rec: dict[str, Any] = {"kind": "train", "step": self.step,
-                               "loss": float(win.loss_sum) / good if win.ok_steps else float("nan"),
+                               "loss": float(win.loss_sum) / good if ok_steps else float("nan"),
                                "lr": self.cfg.optim.lr * lr_factor(self.step - 1, self.cfg.optim.warmup_steps,
                                                                   self.cfg.train.steps, self.cfg.optim.decay,
                                                                   self.cfg.optim.min_lr_ratio),

@@ -419,7 +419,8 @@ def check_guard(info) -> dict:
     were marked at forward time (and equal the rows with a gradient), the flag, and how far every
     parameter and the optimizers' step counts moved."""
     from train.config import RunConfig
-    from train.dist_trainer import SkipCounter, _ClippedOptimizer, build_optimizer, global_grad_norm
+    from train.dist_trainer import build_optimizer
+    from train.step_guard import ClippedOptimizer, SkipCounter, global_grad_norm
 
     schema = load_schema(SCHEMA)
     tasks = list(schema.label_names)
@@ -430,7 +431,7 @@ def check_guard(info) -> dict:
         pz = par.parallelize(fresh_model(schema), schema, par.ParallelConfig(sparse="replicate", dense="ddp"),
                              info.device, batch_size=ROWS_PER_RANK, loss_tasks=tasks, log=lambda _m: None)
         copt, dparams = build_optimizer(pz, cfg)
-        opt = _ClippedOptimizer(copt, dparams, 0.05, pz.replicated_sync, device_guard=mode == "device")
+        opt = ClippedOptimizer(copt, dparams, 0.05, pz.replicated_sync, device_guard=mode == "device")
         sync = pz.replicated_sync
         skips = SkipCounter()
         steps = []
@@ -462,7 +463,8 @@ def check_guard(info) -> dict:
 def _guard_fsdp(info, schema, tasks, cfg) -> dict:
     """The device guard with FSDP2 dense blocks (DTensor parameters, a replicated DTensor found_inf) and
     DMP tables (fused update in backward), without MoE: a good step, then a NaN step; dense parameters only."""
-    from train.dist_trainer import _ClippedOptimizer, build_optimizer
+    from train.dist_trainer import build_optimizer
+    from train.step_guard import ClippedOptimizer
 
     out: dict = {}
     for mode in ("device", "host"):
@@ -472,7 +474,7 @@ def _guard_fsdp(info, schema, tasks, cfg) -> dict:
                              sparse_optim={"name": "rowwise_adagrad", "lr": 0.05}, batch_size=ROWS_PER_RANK,
                              loss_tasks=tasks, log=lambda _m: None)
         copt, dparams = build_optimizer(pz, cfg)
-        opt = _ClippedOptimizer(copt, dparams, 0.05, None, device_guard=mode == "device")
+        opt = ClippedOptimizer(copt, dparams, 0.05, None, device_guard=mode == "device")
         moved, oks = [], []
         for k, seed in enumerate((1, 2)):
             b = local_batch(schema, ROWS_PER_RANK, seed, info.rank, info.world_size)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.dist_trainer import SkipCounter, count_skipped
+from train.step_guard import SkipCounter, count_skipped
 from train.trainer import TrainingStopped
 
 

@@ -98,7 +98,10 @@ def test_touched_rows_sums_duplicates_like_coalesce():
     emb = nn.Embedding(50, 3, sparse=True)
     ids = torch.cat([torch.full((500,), 7), torch.randint(0, 50, (300,), generator=torch.Generator().manual_seed(4))])
     (emb(ids) * torch.arange(800.0)[:, None]).sum().backward()
-    rows, vals = touched_rows(emb.weight.grad)
+    rows, vals, valid = touched_rows(emb.weight.grad)
     ref = emb.weight.grad.coalesce()
-    assert torch.equal(rows, ref.indices()[0])
-    torch.testing.assert_close(vals, ref.values(), rtol=1e-6, atol=1e-4)
+    n = ref.indices().shape[1]
+    assert rows.shape == (800,) and valid.sum() == n and valid[:n].all()  # one slot per lookup, distinct rows first
+    assert torch.equal(rows[:n], ref.indices()[0])
+    torch.testing.assert_close(vals[:n], ref.values(), rtol=1e-6, atol=1e-4)
+    assert not rows[n:].any() and not vals[n:].any()  # the other slots: row 0, zeros

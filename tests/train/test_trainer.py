@@ -127,8 +127,23 @@ def test_nan_guard_skips_and_counts(tiny_cfg, tmp_path):
     assert [r["skipped_steps"] for r in recs if r["kind"] == "train"] == [0, 0, 1, 1, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("tables", ["rowwise_adagrad", "adam"])
+def test_nan_guard_skips_on_the_device_and_a_skipped_step_moves_nothing(tiny_cfg, tmp_path, tables):
+    # every batch poisoned: every step skipped by the device guard (fused AdamW / Adam's found_inf, the
+    # row-sparse tables' gradients zeroed), so no parameter moves and no optimizer step is counted
+    tr = Trainer(tiny_cfg(train__steps=3, eval__at_end="false", train__nan_guard_max=10, optim__sparse__name=tables),
+                 tmp_path / "r", quiet=True)
+    _poison(tr, {0, 1, 2})
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    s = tr.fit()
+    assert tr._guard.device_guard and s["skipped_steps"] == 3 and s["steps"] == 3
+    assert all(torch.equal(p, before[n]) for n, p in tr.model.named_parameters())
+    adam_steps = [float(st["step"]) for st in tr.dense_opt._optimizer.state.values()]
+    assert adam_steps and set(adam_steps) == {0.0}
+
+
 def test_nan_guard_stops_after_max(tiny_cfg, tmp_path):
     tr = Trainer(tiny_cfg(train__steps=8, eval__at_end="false", train__nan_guard_max=2), tmp_path / "r", quiet=True)
     _poison(tr, {1, 3})
-    with pytest.raises(TrainingStopped, match=r"step 4: 2 steps had a non-finite"):
+    with pytest.raises(TrainingStopped, match=r"step 4: 2 non-finite steps, the last at step 4"):
         tr.fit()

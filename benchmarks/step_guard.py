@@ -1,0 +1,88 @@
+"""Single-process training with the NaN guard on the device against a host read per step, in one process.
+
+    python benchmarks/step_guard.py [--steps 200] [--rounds 2] [--tiny] [-- --section.key=value ...]
+
+The trainer's guard (train/step_guard.py) clips the gradients, checks the loss and gradients and skips a
+non-finite update on the device, and reads the flag a step or two later, so the host runs ahead of the GPU.
+The baseline reads each step's flag on the host before the update (`Trainer.device_guard = False`, the
+guard the single-process loop had before). Both arms train the same config (`configs/gem_medium.yaml` on
+the GPU, the demo model with `--tiny`), seed, data and steps; each round runs both, alternating which goes
+first. Per run: the steady step time ((train s - first step s) / (steps - 1), so compiles stay out),
+examples/s over those steps and wall time; then the ratio host / device per round and the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+COMMON = ["--logging.progress=false", "--logging.tensorboard=false", "--logging.report=false",
+          "--checkpoint.at_end=false", "--eval.at_end=false", "--train.checkpoint_every=0", "--data.epochs=1"]
+TINY = ["--train.device=cpu", "--train.batch_size=64", "--model.d_model=16", "--model.num_heads=2",
+        "--model.sequence_encoder.num_layers=1", "--model.top_dim=32", "--model.head_hidden=16"]
+
+
+def overrides(args: argparse.Namespace, data: Path) -> list[str]:
+    return COMMON + (TINY if args.tiny else []) + [
+        f"--train.steps={args.steps}", f"--data.train_url={data / 'train'}", f"--data.eval_url={data / 'eval'}",
+        "--data.synth.eval_rows=64"] + list(args.extra)
+
+
+def run_arm(config: Path, over: list[str], device_guard: bool, run_dir: Path) -> dict:
+    from train.config import load_run_config
+    from train.trainer import Trainer
+
+    cfg = load_run_config(config, over)
+    if not any(o.startswith("--data.synth.train_rows=") for o in over):  # one pass: every step a new batch
+        cfg.data.synth.train_rows = cfg.train.batch_size * cfg.train.steps
+    tr = Trainer(cfg, run_dir, quiet=True)
+    tr.device_guard = device_guard
+    s = tr.fit()
+    steady = (s["train_seconds"] - s["first_step_seconds"]) / max(1, s["steps"] - 1)
+    return {"guard": "device" if tr._guard.device_guard else "host", "steps": s["steps"], "step_ms": 1e3 * steady,
+            "examples_per_s": cfg.train.batch_size / steady if steady > 0 else float("nan"),
+            "wall_s": s["wall_seconds"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tiny", action="store_true", help="the demo schema and a tiny model on CPU")
+    ap.add_argument("extra", nargs="*", help="config overrides after --")
+    args = ap.parse_args(argv)
+    config = REPO / "configs" / ("demo.yaml" if args.tiny else "gem_medium.yaml")
+    import torch
+
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.tiny else "cpu"
+    print(f"## NaN guard on the device vs a host read per step: {config.name}, {args.steps} steps, {card}, "
+          f"torch {torch.__version__}")
+    print("| round | arm | guard | steps | step ms | examples/s | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        over = overrides(args, Path(tmp) / "data")
+        for r in range(args.rounds):
+            arms = [("device", True), ("host", False)]
+            res = {}
+            for name, guard in (arms if r % 2 == 0 else arms[::-1]):
+                t0 = time.perf_counter()
+                res[name] = run_arm(config, over, guard, Path(tmp) / f"run-{r}-{name}")
+                x = res[name]
+                print(f"| {r + 1} | {name} | {x['guard']} | {x['steps']} | {x['step_ms']:.2f} | "
+                      f"{x['examples_per_s']:,.0f} | {time.perf_counter() - t0:.1f} |", flush=True)
+            ratios.append(res["host"]["step_ms"] / res["device"]["step_ms"])
+    print(f"host / device step time: {', '.join(f'{x:.3f}' for x in ratios)}; median {statistics.median(ratios):.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""benchmarks/step_guard.py on CPU: both arms train, each with the guard it names, and the ratio is printed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.timeout(300)
+def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
+    spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--tiny", "--steps", "4", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [r.strip("|").split("|") for r in out.splitlines() if r.startswith("| 1 |")]
+    assert sorted((r[1].strip(), r[2].strip(), r[3].strip()) for r in rows) == [
+        ("device", "device", "4"), ("host", "host", "4")]
+    assert all(float(r[4]) > 0 for r in rows)
+    assert "median" in out and "x" in out.splitlines()[-1]

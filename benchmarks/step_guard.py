@@ -8,12 +8,15 @@ The baseline reads each step's flag on the host before the update (`Trainer.devi
 guard the single-process loop had before). Both arms train the same config (`configs/gem_medium.yaml` on
 the GPU, the demo model with `--tiny`), seed, data and steps; each round runs both, alternating which goes
 first. Per run: the steady step time ((train s - first step s) / (steps - 1), so compiles stay out),
-examples/s over those steps and wall time; then the ratio host / device per round and the median.
+examples/s over those steps and wall time; then the ratio host / device per round and the median. On CUDA a
+last short run under `torch.cuda.set_sync_debug_mode("warn")` counts the host syncs left in the loop, by the line
+that made them (set-up and the first step's included).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import tempfile
@@ -52,6 +55,23 @@ def run_arm(config: Path, over: list[str], device_guard: bool, run_dir: Path) ->
             "wall_s": s["wall_seconds"]}
 
 
+def count_syncs(config: Path, over: list[str], run_dir: Path, steps: int) -> collections.Counter:
+    """Host syncs of a short device-guard run, by the source line that made them (CUDA only)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_arm(config, over + [f"--train.steps={steps}"], True, run_dir)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                               if "synchroniz" in str(w.message))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200)
@@ -80,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {r + 1} | {name} | {x['guard']} | {x['steps']} | {x['step_ms']:.2f} | "
                       f"{x['examples_per_s']:,.0f} | {time.perf_counter() - t0:.1f} |", flush=True)
             ratios.append(res["host"]["step_ms"] / res["device"]["step_ms"])
+        if card != "cpu":
+            steps = min(args.steps, 20)
+            syncs = count_syncs(config, over, Path(tmp) / "run-syncs", steps)
+            print(f"host syncs in a {steps}-step device-guard run: {sum(syncs.values())}; by line: "
+                  + ", ".join(f"{k} x{v}" for k, v in syncs.most_common(12)))
     print(f"host / device step time: {', '.join(f'{x:.3f}' for x in ratios)}; median {statistics.median(ratios):.3f}x")
     return 0
 

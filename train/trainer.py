@@ -2,7 +2,7 @@
 
 - Data: the loader's threads read and decode; `DevicePrefetcher` copies the next batch to the device
   (on CUDA on a side stream) while the current step computes.
-- Optimizers: dense parameters with AdamW (fused on CUDA); the embedding tables (every torchrec
+- Optimizers: dense parameters with AdamW (one fused kernel); the embedding tables (every torchrec
   EmbeddingCollection / EmbeddingBagCollection in the model) with row-wise Adagrad on row-sparse
   gradients (`train/table_optim.py`: only the rows a batch touched are updated) or Adam. Both are
   `KeyedOptimizerWrapper`s in one torchrec `CombinedOptimizer`, so the optimizer state is keyed by

@@ -14,8 +14,8 @@
 - bf16 autocast on CUDA; float32 on CPU. The loss is computed in float32.
 - NaN/Inf guard (train/step_guard.py, shared with the distributed loop): a step whose loss or gradient norm is
   not finite is skipped (no update) and counted; training stops with an error after `train.nan_guard_max` of
-  them. On CUDA the check, the clipping and the skip stay on the device (fused AdamW's `found_inf`, the tables'
-  gradients zeroed), and the flag is read a step or two later, so the host does not wait for each step.
+  them. The check, the clipping and the skip stay on the device (fused AdamW's `found_inf`, the tables'
+  gradients zeroed), and the flag is read a step or two later, so on CUDA the host does not wait for each step.
 - Outputs in the run dir: metrics.jsonl (one JSON per logged step / evaluation), summary.json,
   checkpoints/, tb/ (TensorBoard, if installed), report.html.
 - `logging.local_mfu_every: N`: at every N-th step (and the last) the step's batch is also run through each

@@ -456,8 +456,8 @@ class Trainer:
 
     def _log_train(self, win: _Window, metrics: TaskMetrics, batch: JaggedBatch | None = None) -> dict:
         self._count_skips(wait=True)  # the record's skipped_steps
-        for args in win.predictions:
-            metrics.update(*args)
+        if win.predictions:  # one copy to the host for the window
+            metrics.update(*(torch.cat(part) for part in zip(*win.predictions)))
         dt = max(time.perf_counter() - win.t0, 1e-9)
         ok_steps = float(win.ok_steps)
         good = max(1.0, ok_steps)

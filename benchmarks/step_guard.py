@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,8 @@ def overrides(args: argparse.Namespace, data: Path) -> list[str]:
 
 
 def run_arm(config: Path, over: list[str], device_guard: bool, run_dir: Path) -> dict:
+    import torch
+
     from train.config import load_run_config
     from train.trainer import Trainer
 
@@ -49,8 +52,13 @@ def run_arm(config: Path, over: list[str], device_guard: bool, run_dir: Path) ->
     tr = Trainer(cfg, run_dir, quiet=True)
     tr.device_guard = device_guard
     s = tr.fit()
+    guard = "device" if tr._guard.device_guard else "host"
+    del tr  # the next arm builds its own model: free this one's tables and optimizer state first
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     steady = (s["train_seconds"] - s["first_step_seconds"]) / max(1, s["steps"] - 1)
-    return {"guard": "device" if tr._guard.device_guard else "host", "steps": s["steps"], "step_ms": 1e3 * steady,
+    return {"guard": guard, "steps": s["steps"], "step_ms": 1e3 * steady,
             "examples_per_s": cfg.train.batch_size / steady if steady > 0 else float("nan"),
             "wall_s": s["wall_seconds"]}
 

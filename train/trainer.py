@@ -152,6 +152,7 @@ class _MFUWindow:
 
 class Trainer:
     device_guard = True  # False: the NaN guard reads each step's flag on the host (benchmarks/step_guard.py)
+
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False,
                  model: nn.Module | None = None, quiet: bool = False):
         self.cfg = cfg

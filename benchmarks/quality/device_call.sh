@@ -8,6 +8,8 @@
 # meets the bf16 run of its seed trained beside it: pairs across calls carry a shift of their own (README.md).
 # SEEDS that kept files also hold (4-9, say) measure that shift as well, run against run of the same variant.
 # If every run fails under --mps, it runs again without MPS in the time left.
+# THREADS=N (environment) caps each run's torch CPU threads (--train.torch_threads=N): twelve processes with
+# torch's default of one thread per core share 16 cores; it changes no GPU numerics.
 set -u
 SEEDS=$1; MPS=${2:-}; PARALLEL=${3:-12}; DEADLINE=${4:-470}; VARIANTS=${5:-tensorwise delayed fast accum}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -15,6 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD GEMTRAIN_ATTN_AUTOTUNE=0
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 overrides=(--data.synth.train_rows=20480 --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2
            --eval.save_predictions=true)
+if [ -n "${THREADS:-}" ]; then overrides+=(--train.torch_threads="$THREADS"); fi
 t0=$(date +%s)
 quality() {  # $1: --mps or empty, $2: deadline
   python benchmarks/fp8_quality.py $1 --steps 600 --variants "bf16,$VARIANTS" \

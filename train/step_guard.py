@@ -82,23 +82,20 @@ class ClippedOptimizer:
         # in place on the local shards (a list may mix DTensor and plain gradients)
         return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
 
-    def _also_finite(self, loss: torch.Tensor | None) -> list[torch.Tensor]:
-        """Norms that must be finite besides the dense gradients': the loss, the row-sparse tables' gradients."""
+    def step(self, closure=None, *, loss: torch.Tensor | None = None) -> None:
         from train.table_optim import sparse_grad_values
 
-        out = [] if loss is None else [loss.detach().float().reshape(())]
-        tables = [p.grad for p in self.tables if p.grad is not None]
-        return out + ([torch.nn.utils.get_total_norm(sparse_grad_values(tables))] if tables else [])
-
-    def step(self, closure=None, *, loss: torch.Tensor | None = None) -> None:
         grads = [p.grad for p in self.dense_params if p.grad is not None]
         norm = self._norm(grads) if grads else None
-        extra = self._also_finite(loss)
+        table_vals = sparse_grad_values([p.grad for p in self.tables if p.grad is not None])
+        # what must be finite: the dense gradients' norm, the loss, the tables' gradients (not clipped)
+        checks = ([] if norm is None else [norm]) + ([] if loss is None else [loss.detach().reshape(())]) + (
+            [torch.nn.utils.get_total_norm(table_vals)] if table_vals else [])
         if self.device_guard:
-            checks = ([norm] if norm is not None else []) + extra
             ok = torch.isfinite(torch.stack([c.float() for c in checks])).all() if checks else None
             if ok is not None and self._zero_tables:
-                self._zero_tables_unless(ok)
+                for v in table_vals:  # a finite step: unchanged; else zeros (NaN * 0 is NaN, hence nan_to_num_)
+                    v.nan_to_num_(0.0, 0.0, 0.0).mul_(ok)
             if norm is not None and self.clip > 0:
                 coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0).float()
                 torch._foreach_mul_(self._local(grads), coef)
@@ -115,8 +112,9 @@ class ClippedOptimizer:
             self.last_ok = ok if ok is not None else True
         else:
             counts = self.sync.counts() if self.sync is not None else None
-            n = float(norm) if norm is not None else 0.0  # the host read
-            ok = math.isfinite(n) and all(math.isfinite(float(e)) for e in extra)
+            read = torch.stack([c.double() for c in checks]).tolist() if checks else []  # the one host read
+            n = read[0] if norm is not None else 0.0
+            ok = all(math.isfinite(x) for x in read)
             if self.sync is not None:
                 self.sync.finish(counts)
             if ok and self.clip > 0 and n > self.clip:
@@ -126,12 +124,6 @@ class ClippedOptimizer:
                 self.opt.step()
         if self.after_step is not None:  # the fused table update happened in backward either way
             self.after_step()
-
-    def _zero_tables_unless(self, ok: torch.Tensor) -> None:
-        from train.table_optim import sparse_grad_values
-
-        for v in sparse_grad_values([p.grad for p in self.tables if p.grad is not None]):
-            v.nan_to_num_(0.0, 0.0, 0.0).mul_(ok)  # a finite step: unchanged; else zeros (NaN * 0 is NaN)
 
     def state_dict(self):
         return self.opt.state_dict()

@@ -47,9 +47,10 @@ def touched_rows(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     sorted_ids, order = torch.sort(ids)
     first = torch.ones_like(sorted_ids, dtype=torch.bool)
     first[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    slot = torch.cumsum(first, 0) - 1  # the slot of each lookup's distinct row
-    summed = torch.zeros_like(vals).index_add_(0, slot, vals[order])
+    slot = torch.cumsum(first, 0) - 1  # the slot of each sorted lookup's distinct row
     rows = torch.zeros_like(sorted_ids).scatter_(0, slot, sorted_ids)  # a slot's lookups all write its row
+    of_lookup = torch.empty_like(slot).scatter_(0, order, slot)  # the slot of each lookup in stored order
+    summed = torch.zeros_like(vals).index_add_(0, of_lookup, vals)  # no [lookups, dim] gather
     valid = torch.arange(ids.numel(), device=ids.device) < first.sum()
     return rows, summed, valid
 

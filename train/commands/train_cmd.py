@@ -58,7 +58,8 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the run config the checkpoint was trained with")
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder (step_*), or a run dir / its "
                    "checkpoints folder (the newest complete checkpoint is used)")
-    p.add_argument("--url", default=None, help="held-out data URL (default: data.eval_url of the config)")
+    p.add_argument("--url", default=None, help="held-out data URL (default: data.eval_url of the config); with "
+                   "eval.save_predictions=true other data's rows go to predictions-step{N}-{data}.parquet")
 
 
 def _run_eval(args: argparse.Namespace) -> int:

@@ -322,7 +322,10 @@ def table_to_batch(data: pa.Table | pa.RecordBatch | Rows, schema: FeatureSchema
         writers[k](values[pos:pos + sizes[k][0]])
         pos += sizes[k][0]
     lengths = np.concatenate([sizes[k][1] for k in keys]) if keys else np.empty(0, dtype=np.int64)
-    sparse = KeyedJaggedTensor(keys=keys, values=_t(values), lengths=_t(lengths))
+    # The per-key totals are known here; given to the KJT, a device copy of it never reads them back from the GPU.
+    per_key = [int(sizes[k][0]) for k in keys]
+    sparse = KeyedJaggedTensor(keys=keys, values=_t(values), lengths=_t(lengths), stride=b,
+                               length_per_key=per_key, offset_per_key=[0, *np.cumsum(per_key).tolist()])
 
     dense = _dense(parts, schema, b)
     labels, label_mask, weights = _labels(parts, schema, b)

@@ -151,3 +151,18 @@ def test_chunked_table_and_missing_column(demo_schema):
     assert batch.row_ids.tolist() == [0, 1, 2]
     with pytest.raises(DataError, match="ad_bid"):
         table_to_batch(a.drop_columns(["ad_bid"]), demo_schema)
+
+
+@pytest.mark.parametrize("lengths", [[3, 0, 5, 1], [0, 0], []])
+def test_per_key_totals_known_without_reading_lengths(demo_schema, lengths):
+    # A device copy of the batch keeps these, so the embedding lookups never read lengths back from the GPU.
+    batch = table_to_batch(demo_table(demo_schema, lengths, seed=3), demo_schema)
+    kjt = batch.sparse
+    given = kjt.length_per_key_or_none(), kjt.offset_per_key_or_none()
+    assert given[0] is not None and given[1] is not None
+    per_key = kjt.lengths().view(len(kjt.keys()), len(lengths)).sum(dim=1).tolist() if kjt.keys() else []
+    assert given[0] == per_key
+    assert given[1] == [0, *np.cumsum(per_key).tolist()]
+    assert kjt.stride() == len(lengths)
+    moved = kjt.to(torch.device("cpu"))
+    assert moved.length_per_key_or_none() == per_key

@@ -12,10 +12,21 @@
 # that; THREADS=0 keeps torch's default of a thread per core). Six seeds (twelve processes, 80 GB) take about
 # 140 s on an H100 this way, against 200-230 s with either alone; neither changes a run's GPU numerics.
 set -u
-SEEDS=$1; MPS=${2:---mps}; PARALLEL=${3:-12}; DEADLINE=${4:-470}; VARIANTS=${5:-tensorwise delayed fast accum}
+# PARALLEL: processes at once, by default as many as fit the GPU's memory (about 6.5 GB each: 12 on an 80 GB H100)
+SEEDS=$1; MPS=${2:---mps}; PARALLEL=${3:-auto}; DEADLINE=${4:-470}; VARIANTS=${5:-tensorwise delayed fast accum}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD GEMTRAIN_ATTN_AUTOTUNE=0
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+if [ "$PARALLEL" = auto ]; then
+  PARALLEL=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 6600 ))
+  echo "parallel: $PARALLEL"
+fi
+# What bounds a call (GPU or host CPU): GPU utilization and the load average every 10 s, summed up at the end.
+( while sleep 10; do
+    echo "$(date +%s) $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits | head -1)" \
+         "$(cut -d' ' -f1 /proc/loadavg)"
+  done ) > "$OUT/usage.txt" 2>/dev/null &
+sampler=$!
 overrides=(--data.synth.train_rows=20480 --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2
            --eval.save_predictions=true)
 [ "$MPS" = --no-mps ] && MPS=""
@@ -36,5 +47,16 @@ if [ "$ok" = 0 ] && [ -n "$MPS" ]; then
   tail -5 "$OUT/log.txt"; mv "$OUT/log.txt" "$OUT/log-mps.txt"
   echo "again without MPS"; quality "" $(( DEADLINE - ($(date +%s) - t0) ))
 fi
+kill "$sampler" 2>/dev/null
+python3 - "$OUT/usage.txt" "$(nproc)" <<'PY'
+import statistics, sys
+rows = [line.replace(",", " ").split() for line in open(sys.argv[1]) if line.strip()]
+rows = [r for r in rows if len(r) == 4]
+if rows:
+    util, mem, load = ([float(r[i]) for r in rows] for i in (1, 2, 3))
+    print(f"usage over {len(rows)} samples: GPU utilization median {statistics.median(util):.0f}% "
+          f"(min {min(util):.0f}), memory up to {max(mem) / 1024:.1f} GiB, load average median "
+          f"{statistics.median(load):.1f} on {sys.argv[2]} CPUs")
+PY
 grep -A20 "## FP8 quality" "$OUT/log.txt" | head -20
 grep -A8 "## Held-out rows" "$OUT/log.txt"

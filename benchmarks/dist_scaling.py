@@ -221,8 +221,8 @@ def _single_gpu(schema, cfg, tasks, dev, autocast: bool, guard: str, alone):
     from model import build_model
     from model.parallelize import make_loss_fn
     from train.dist_trainer import combined_optimizer
+    from train.optimizers import split_params
     from train.step_guard import ClippedOptimizer
-    from train.trainer import split_params
 
     torch.manual_seed(0)
     model = build_model(schema, cfg.model).to(dev)

@@ -64,7 +64,7 @@ from model.losses import multitask_loss  # noqa: E402
 from train.config import run_config_from_dict  # noqa: E402
 from train.data import DevicePrefetcher, real_events  # noqa: E402
 from train.mfu import capture_block_inputs, count_flops, dense_blocks, measure_local, mfu_report  # noqa: E402
-from train.trainer import build_optimizer  # noqa: E402
+from train.optimizers import build_optimizer  # noqa: E402
 
 GEM_MEDIUM_MODEL = {
     "d_model": 1024, "num_heads": 8,

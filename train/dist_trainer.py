@@ -126,7 +126,7 @@ def fit_distributed(tr) -> dict:
     from train import dist_checkpoint as dckpt
     from train import ledger
     from train.data import ensure_synthetic
-    from train.trainer import lr_factor
+    from train.optimizers import lr_factor
 
     c = tr.cfg
     tr.data_wait = None  # the pipelined loop overlaps data waits with its other stages: not measured apart

@@ -81,7 +81,8 @@ def test_sparse_grad_values_reads_rows_of_a_sparse_gradient():
 
 
 def test_trainer_tables_train_on_row_sparse_gradients(tiny_cfg, tmp_path):
-    from train.trainer import Trainer, embedding_modules
+    from train.optimizers import embedding_modules
+    from train.trainer import Trainer
 
     tr = Trainer(tiny_cfg(train__steps=2, eval__at_end="false"), tmp_path / "r", quiet=True)
     lookups = [m for _, t in embedding_modules(tr.model) for m in t.modules()

@@ -294,6 +294,106 @@ def between_variants(result_sets: list[dict[str, dict | None]], baseline: str = 
     return rows
 
 
+def call_pairs(results: dict[str, dict | None], baseline: str = "bf16",
+               metric: str = "ne") -> dict[str, dict[str, list[float]]]:
+    """One call's pairs: per variant and task, each seed's relative difference (in %) against the baseline run
+    of the same seed in this call (runs without one are left out)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for run, summary in results.items():
+        name, sd = split_seed(run)
+        base = results.get(with_seed(baseline, sd))
+        if name == baseline or not (_ok(summary) and _ok(base)):
+            continue
+        for t in TASKS:
+            x = pct_diff(summary, base, t, metric)
+            if math.isfinite(x):
+                out.setdefault(name, {k: [] for k in TASKS})[t].append(x)
+    return out
+
+
+def between_calls_f(groups: list[list[float]]) -> float:
+    """One-way ANOVA's F: the spread of the calls' mean pair differences against the spread of pairs within a
+    call (about 1 where calls share one mean; nan below two groups or without pairs to spare)."""
+    groups = [g for g in groups if g]
+    n, k = sum(map(len, groups)), len(groups)
+    if k < 2 or n <= k:
+        return math.nan
+    grand = sum(map(sum, groups)) / n
+    between = sum(len(g) * (sum(g) / len(g) - grand) ** 2 for g in groups) / (k - 1)
+    within = sum((x - sum(g) / len(g)) ** 2 for g in groups for x in g) / (n - k)
+    return between / within if within > 0 else math.inf
+
+
+def permutation_p(groups: list[list[float]], shuffles: int = 2000, seed: int = 0) -> float:
+    """How often the pairs dealt to the calls at random (sizes kept) spread the call means as widely as the
+    calls did: the p-value of F without assuming normal pair differences."""
+    import random
+
+    groups = [g for g in groups if g]
+    observed = between_calls_f(groups)
+    if not math.isfinite(observed):
+        return math.nan
+    pooled = [x for g in groups for x in g]
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(shuffles):
+        rng.shuffle(pooled)
+        dealt, at = [], 0
+        for g in groups:
+            dealt.append(pooled[at:at + len(g)])
+            at += len(g)
+        hits += between_calls_f(dealt) >= observed
+    return (hits + 1) / (shuffles + 1)
+
+
+def clustered_interval(groups: list[list[float]]) -> tuple[float, float, float, float]:
+    """The mean over every pair with the calls as clusters: (mean, standard error, 95% interval's ends). The
+    error counts each call's summed deviation once (the cluster-robust "sandwich" with the G/(G-1) factor), so
+    a shift that a call's pairs share widens it, where the plain s.e. treats the pairs as independent."""
+    groups = [g for g in groups if g]
+    n, k = sum(map(len, groups)), len(groups)
+    if k < 2:
+        return math.nan, math.nan, math.nan, math.nan
+    m = sum(map(sum, groups)) / n
+    se = math.sqrt(k / (k - 1) * sum(sum(x - m for x in g) ** 2 for g in groups)) / n
+    h = t_quantile(0.975, k - 1) * se
+    return m, se, m - h, m + h
+
+
+def by_call(result_sets: list[dict[str, dict | None]], labels: list[str], baseline: str = "bf16",
+            metric: str = "ne") -> list[str]:
+    """Per variant, each call's pairs against the baseline of that call (mean and standard error), then whether
+    the calls' means differ by more than their pairs' spread allows: F and its permutation p-value per task, over
+    the calls with two pairs or more. A small p says pairs of one call share something that other calls' pairs do
+    not; the pooled interval then understates the uncertainty, and the interval with the calls as clusters (every
+    call, also those of one pair) is the one to read."""
+    rows = ["| variant | call | pairs | click: mean rel. diff | s.e. | conversion: mean rel. diff | s.e. |",
+            "|---|---|---|---|---|---|---|"]
+    per_variant: dict[str, list[tuple[str, dict[str, list[float]]]]] = {}
+    for label, results in zip(labels, result_sets):
+        for name, d in call_pairs(results, baseline, metric).items():
+            per_variant.setdefault(name, []).append((label, d))
+    tests = []
+    for name, calls in per_variant.items():
+        for label, d in calls:
+            cells = [name, label, str(max(len(x) for x in d.values()))]
+            for t in TASKS:
+                cells += _mean_cells(d[t], with_sd=False) if d[t] else ["", ""]
+            rows.append("| " + " | ".join(cells) + " |")
+        parts = []
+        for t in TASKS:
+            groups = [d[t] for _, d in calls if len(d[t]) >= 2]
+            f = between_calls_f(groups)
+            m, se, lo, hi = clustered_interval([d[t] for _, d in calls])
+            if math.isfinite(f):
+                parts.append(f"{t} F = {f:.2f}, p = {permutation_p(groups):.3f}, with the calls as clusters "
+                             f"{m:+.3f}% (s.e. {se:.3f}%, 95% {lo:+.3f}% to {hi:+.3f}%)")
+        if parts:
+            tests.append(f"- {name}, {sum(1 for _, d in calls if len(d[TASKS[0]]) >= 2)} calls of two pairs or more: "
+                         + "; ".join(parts))
+    return rows + ([""] + tests if tests else [])
+
+
 def pooled_tables(files: list[Path]) -> list[str]:
     """The seed tables (every metric) over the paired runs of several ``--json`` files."""
     sets = [json.loads(f.read_text()) for f in files]
@@ -310,6 +410,10 @@ def pooled_tables(files: list[Path]) -> list[str]:
     if len(pairs) > 2:
         rows += ["", "### Two variants of one call against each other (same seed; NE): no bf16 run, no shift between "
                  "calls", *pairs]
+    calls = by_call(sets, [f.name for f in files])
+    if len(calls) > 2:
+        rows += ["", "### Pairs of one call, by call (NE): do the calls agree? (F: one-way ANOVA over calls; p: "
+                 "2,000 random deals of the pairs to the calls)", *calls]
     shift = across_calls(sets, [f.name for f in files])
     if len(shift) > 2:
         rows += ["", "### The same run in two calls (variant and seed alike; NE): the shift between calls", *shift]

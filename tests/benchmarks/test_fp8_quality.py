@@ -276,3 +276,30 @@ def test_two_variants_of_one_call_compare_seed_by_seed_without_the_baseline(tmp_
     assert len(stats.between_variants([{"bf16 seed=0": ev(0.5), "slow seed=0": ev(0.8)}])) == 2  # header only
     assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
     assert "| fast | slow | 3 | +1.667% |" in capsys.readouterr().out
+
+
+def test_pairs_by_call_say_whether_the_calls_agree(tmp_path, capsys):
+    mod = _load()
+    ev = lambda click, conv=1.0: {"eval": {"click": {"ne": click}, "conversion": {"ne": conv}}, "steps": 5}
+    # F by hand: call means 1 and 3 (grand 2), between = 2 * (1 + 1) / 1 = 4, within = (4 * 1) / 2 = 2
+    assert stats.between_calls_f([[0.0, 2.0], [2.0, 4.0]]) == pytest.approx(2.0)
+    assert math.isnan(stats.between_calls_f([[1.0, 2.0]]))
+    # calls that share a shift: every deal at random spreads the means less, so p is as small as the deals allow
+    shifted = [[10.0 + d for d in (-0.1, 0.0, 0.1)], [-10.0 + d for d in (-0.1, 0.0, 0.1)], [d for d in (-0.1, 0.0, 0.1)]]
+    assert stats.permutation_p(shifted, shuffles=200) < 0.05
+    alike = [[-1.0, 1.0, 0.5], [0.9, -0.8, -0.4], [1.1, -1.2, 0.2]]
+    assert stats.permutation_p(alike, shuffles=200) > 0.2
+    # clusters: mean 0; each call's summed deviation (+3, -3) counts once: s.e. sqrt(2/1 * 18) / 6 = 1
+    m, se, lo, hi = stats.clustered_interval([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    assert (m, se) == pytest.approx((0.0, 1.0)) and hi == pytest.approx(stats.t_quantile(0.975, 1))
+    first = {f"bf16 seed={s}": ev(1.0) for s in range(3)} | {f"fast seed={s}": ev(1.0 + x)
+                                                             for s, x in enumerate((0.01, 0.012, 0.014))}
+    second = {f"bf16 seed={s}": ev(1.0) for s in range(3)} | {f"fast seed={s}": ev(1.0 - x)
+                                                              for s, x in enumerate((0.01, 0.012, 0.014))}
+    rows = stats.by_call([first, second], ["first", "second"])
+    assert rows[2].split(" | ")[1:5] == ["first", "3", "+1.200%", "0.115%"]
+    assert rows[3].split(" | ")[1:5] == ["second", "3", "-1.200%", "0.115%"]
+    assert rows[-1].startswith("- fast, 2 calls of two pairs or more: click F = ")
+    assert "with the calls as clusters +0.000%" in rows[-1]
+    assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
+    assert "do the calls agree?" in capsys.readouterr().out

@@ -5,6 +5,7 @@ It is a torchrec `Pipelineable`, so torchrec's train pipelines can move it (`to`
 
 - `sparse`: KeyedJaggedTensor of every id feature, keys in `FeatureSchema.sparse_keys` order.
   A sequence's id fields share the sequence's lengths; a non-sequential `id` has length 1.
+  Its per-key totals and offsets are given when it is built (no read back from the GPU in the lookups).
 - `seq_offsets[name]`: `[B+1]` int64 offsets of each sequence (equal to the KJT offsets of its id keys).
 - `seq_floats[name]`: `[ΣL, k]` float32 per-event floats (k = the sequence's float fields, may be 0).
 - `seq_timestamps[name]`: `[ΣL]` int64 event timestamps (seconds), for sequences that declare one.

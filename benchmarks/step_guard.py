@@ -1,6 +1,6 @@
 """Single-process training with the NaN guard on the device against a host read per step, in one process.
 
-    python benchmarks/step_guard.py [--steps 200] [--rounds 2] [--tiny] [-- --section.key=value ...]
+    python benchmarks/step_guard.py [--steps 200] [--rounds 2] [--tiny] [--profile] [-- --section.key=value ...]
 
 The trainer's guard (train/step_guard.py) clips the gradients, checks the loss and gradients and skips a
 non-finite update on the device, and reads the flag a step or two later, so the host runs ahead of the GPU.
@@ -10,7 +10,9 @@ the GPU, the demo model with `--tiny`), seed, data and steps; each round runs bo
 first, after an unscored warm-up run (the process's first run pays for compiles over many steps). Per run: the
 steady step time ((train s - first step s) / (steps - 1)), examples/s over those steps and wall time; then the ratio host / device per round and the median. On CUDA a
 last short run under `torch.cuda.set_sync_debug_mode("warn")` counts the host syncs left in the loop, by the line
-that made them (set-up and the first step's included).
+that made them (set-up and the first step's included). `--profile`: the kernels launched per step and their time
+against the steady step time, from two profiled runs (their difference over the extra steps), which says whether
+the GPU or the host sets the pace.
 """
 
 from __future__ import annotations
@@ -80,11 +82,39 @@ def count_syncs(config: Path, over: list[str], run_dir: Path, steps: int) -> col
                                if "synchroniz" in str(w.message))
 
 
+def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> tuple[int, float]:
+    """A device-guard run of `steps` steps under torch.profiler: (kernels launched, their summed ms). On CPU the
+    count is of the aten ops run and the ms their self CPU time."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available() and "--train.device=cpu" not in over
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        run_arm(config, over + [f"--train.steps={steps}"], True, run_dir)
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3  # kernels, copies, memsets
+    ops = [e for e in prof.events() if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
+    return len(ops), sum(e.self_cpu_time_total for e in ops) / 1e3
+
+
+def per_step_work(config: Path, over: list[str], tmp: Path, short: int, long: int) -> tuple[float, float]:
+    """Kernels and kernel ms per step: the difference of a long and a short profiled run over the extra steps,
+    so set-up, the first step and the end of the run cancel."""
+    n1, ms1 = profiled(config, over, tmp / "run-profile-short", short)
+    n2, ms2 = profiled(config, over, tmp / "run-profile-long", long)
+    return (n2 - n1) / (long - short), (ms2 - ms1) / (long - short)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="the demo schema and a tiny model on CPU")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the kernels and kernel time per step (torch.profiler) against the steady step time")
     ap.add_argument("--no-warmup", action="store_true", help="skip the unscored device-guard run before the rounds")
     ap.add_argument("extra", nargs="*", help="config overrides after --")
     args = ap.parse_args(argv)
@@ -96,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}")
     print("| round | arm | guard | steps | step ms | examples/s | wall s |")
     print("|---|---|---|---|---|---|---|")
-    ratios = []
+    ratios, device_ms = [], []
     with tempfile.TemporaryDirectory() as tmp:
         over = overrides(args, Path(tmp) / "data")
         if not args.no_warmup:  # the process's first run compiles and caches for many steps: keep it out of the ratio
@@ -114,6 +144,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {r + 1} | {name} | {x['guard']} | {x['steps']} | {x['step_ms']:.2f} | "
                       f"{x['examples_per_s']:,.0f} | {time.perf_counter() - t0:.1f} |", flush=True)
             ratios.append(res["host"]["step_ms"] / res["device"]["step_ms"])
+            device_ms.append(res["device"]["step_ms"])
+        if args.profile:
+            short, long = 5, 5 + min(args.steps, 30)
+            n, ms = per_step_work(config, over, Path(tmp), short, long)
+            step_ms = statistics.median(device_ms)
+            if card == "cpu":
+                print(f"per step ({long} - {short} steps profiled, device guard): {n:.0f} aten ops (nested ones "
+                      f"included), {ms:.2f} ms of their own CPU time against {step_ms:.2f} ms per step")
+            else:
+                busy = ms / step_ms
+                print(f"per step ({long} - {short} steps profiled, device guard): {n:.0f} GPU kernels, {ms:.2f} ms "
+                      f"of kernel time against {step_ms:.2f} ms per step: the GPU busy {busy:.0%}"
+                      + (" (the host sets the pace)" if busy < 0.8 else ""))
         if card != "cpu":
             steps = min(args.steps, 20)
             syncs = count_syncs(config, over, Path(tmp) / "run-syncs", steps)

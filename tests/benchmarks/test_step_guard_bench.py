@@ -21,3 +21,14 @@ def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
         ("device", "device", "4"), ("host", "host", "4")]
     assert all(float(r[4]) > 0 for r in rows)
     assert "median" in out and "x" in out.splitlines()[-1]
+
+
+@pytest.mark.timeout(300)
+def test_profile_counts_the_work_of_a_step(capsys):
+    spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--tiny", "--steps", "3", "--rounds", "1", "--no-warmup", "--profile"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per step ("))
+    ops, ms = float(line.split(": ")[1].split()[0]), float(line.split("included), ")[1].split()[0])
+    assert ops > 100 and ms > 0  # a training step of the demo model runs hundreds of ops

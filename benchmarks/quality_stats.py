@@ -299,13 +299,12 @@ def call_pairs(results: dict[str, dict | None], baseline: str = "bf16",
     """One call's pairs: per variant and task, each seed's relative difference (in %) against the baseline run
     of the same seed in this call (runs without one are left out)."""
     out: dict[str, dict[str, list[float]]] = {}
-    for run, summary in results.items():
-        name, sd = split_seed(run)
-        base = results.get(with_seed(baseline, sd))
-        if name == baseline or not (_ok(summary) and _ok(base)):
+    for run in results:
+        name = split_seed(run)[0]
+        if name == baseline:
             continue
         for t in TASKS:
-            x = pct_diff(summary, base, t, metric)
+            x = rel_diff(results, run, t, baseline, metric)
             if math.isfinite(x):
                 out.setdefault(name, {k: [] for k in TASKS})[t].append(x)
     return out

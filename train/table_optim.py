@@ -96,4 +96,5 @@ class RowSparseAdagrad(RowWiseAdagrad):
         state_sum = state["sum"]
         state_sum.index_add_(0, rows, vals.pow(2).mean(dim=1, keepdim=True))  # other slots add zeros to row 0
         std = state_sum[rows].sqrt_().add_(group["eps"])  # advanced indexing copies: in place is safe
+        # the other slots stay 0 (with eps = 0 their 0 / 0 would be NaN on row 0)
         p.index_add_(0, rows, torch.where(valid, vals / std, 0.0), alpha=-clr)

@@ -30,9 +30,9 @@ bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 common FP8 training recipes do, and the two backward GEMMs with full accumulation; ``"all"`` runs all three fast.
 Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward GEMMs"): inside the layer cuBLAS then
 picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
-error (6e-3 relative on a 65536-token weight gradient). Over 125 seed pairs of a 600-step ``gem_medium`` run, each
-FP8 run trained beside its bf16 run, it moved held-out NE by -0.05% (click) and -0.04% (conversion) against bf16,
-standard errors 0.05% and 0.11% (RESULTS.md, "Forty-nine more pairs of one call").
+error (6e-3 relative on a 65536-token weight gradient). Over 167 seed pairs of a 600-step ``gem_medium`` run, each
+FP8 run trained beside its bf16 run, it moved held-out NE by -0.03% (click) and +0.03% (conversion) against bf16,
+standard errors 0.05% and 0.09% (RESULTS.md, "Forty-two more pairs of one call").
 
 ``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
 448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still

@@ -12,7 +12,7 @@ steady step time ((train s - first step s) / (steps - 1)), examples/s over those
 last short run under `torch.cuda.set_sync_debug_mode("warn")` counts the host syncs left in the loop, by the line
 that made them (set-up and the first step's included). `--profile`: the kernels launched per step and their time
 against the steady step time, from two profiled runs (their difference over the extra steps), which says whether
-the GPU or the host sets the pace.
+the GPU or the host sets the pace, and the costliest kernels (aten ops on CPU) per step.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ def count_syncs(config: Path, over: list[str], run_dir: Path, steps: int) -> col
                                if "synchroniz" in str(w.message))
 
 
-def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> tuple[int, float]:
-    """A device-guard run of `steps` steps under torch.profiler: (kernels launched, their summed ms). On CPU the
-    count is of the aten ops run and the ms their self CPU time."""
+def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[str, list[float]]:
+    """A device-guard run of `steps` steps under torch.profiler: per GPU kernel name, [launches, summed ms],
+    copies and memsets included. On CPU the same per aten op (its self CPU time), nested ops included."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -93,19 +93,36 @@ def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> tuple[
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         run_arm(config, over + [f"--train.steps={steps}"], True, run_dir)
-    if cuda:
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-        return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3  # kernels, copies, memsets
-    ops = [e for e in prof.events() if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
-    return len(ops), sum(e.self_cpu_time_total for e in ops) / 1e3
+    work: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if cuda and e.device_type == DeviceType.CUDA:
+            ms = e.time_range.elapsed_us() / 1e3
+        elif not cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
+            ms = e.self_cpu_time_total / 1e3
+        else:
+            continue
+        work[e.name][0] += 1
+        work[e.name][1] += ms
+    return work
 
 
-def per_step_work(config: Path, over: list[str], tmp: Path, short: int, long: int) -> tuple[float, float]:
-    """Kernels and kernel ms per step: the difference of a long and a short profiled run over the extra steps,
-    so set-up, the first step and the end of the run cancel."""
-    n1, ms1 = profiled(config, over, tmp / "run-profile-short", short)
-    n2, ms2 = profiled(config, over, tmp / "run-profile-long", long)
-    return (n2 - n1) / (long - short), (ms2 - ms1) / (long - short)
+def per_step_work(config: Path, over: list[str], tmp: Path, short: int, long: int) -> dict[str, tuple[float, float]]:
+    """Per kernel (or aten op on CPU): launches and ms per step, the difference of a long and a short profiled run
+    over the extra steps, so set-up, the first step and the end of the run cancel."""
+    a = profiled(config, over, tmp / "run-profile-short", short)
+    b = profiled(config, over, tmp / "run-profile-long", long)
+    n = long - short
+    return {k: ((b[k][0] - a[k][0]) / n, (b[k][1] - a[k][1]) / n) for k in set(a) | set(b)}
+
+
+def kernel_table(work: dict[str, tuple[float, float]], rows: int = 15) -> list[str]:
+    """The costliest kernels per step, by time: where the step's GPU time goes."""
+    total = sum(ms for _, ms in work.values()) or 1.0
+    out = ["| kernel (aten op on CPU) | launches per step | ms per step | share |", "|---|---|---|---|"]
+    for name, (count, ms) in sorted(work.items(), key=lambda kv: -kv[1][1])[:rows]:
+        short_name = name if len(name) <= 90 else name[:87] + "..."
+        out.append(f"| `{short_name}` | {count:.1f} | {ms:.3f} | {ms / total:.1%} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             device_ms.append(res["device"]["step_ms"])
         if args.profile:
             short, long = 5, 5 + min(args.steps, 30)
-            n, ms = per_step_work(config, over, Path(tmp), short, long)
+            work = per_step_work(config, over, Path(tmp), short, long)
+            n, ms = sum(c for c, _ in work.values()), sum(m for _, m in work.values())
             step_ms = statistics.median(device_ms)
             if card == "cpu":
                 print(f"per step ({long} - {short} steps profiled, device guard): {n:.0f} aten ops (nested ones "
@@ -157,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"per step ({long} - {short} steps profiled, device guard): {n:.0f} GPU kernels, {ms:.2f} ms "
                       f"of kernel time against {step_ms:.2f} ms per step: the GPU busy {busy:.0%}"
                       + (" (the host sets the pace)" if busy < 0.8 else ""))
+            print("\n".join(kernel_table(work)), flush=True)
         if card != "cpu":
             steps = min(args.steps, 20)
             syncs = count_syncs(config, over, Path(tmp) / "run-syncs", steps)

@@ -29,6 +29,13 @@ def test_profile_counts_the_work_of_a_step(capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--tiny", "--steps", "3", "--rounds", "1", "--no-warmup", "--profile"]) == 0
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per step ("))
+    lines = capsys.readouterr().out.splitlines()
+    line = next(ln for ln in lines if ln.startswith("per step ("))
     ops, ms = float(line.split(": ")[1].split()[0]), float(line.split("included), ")[1].split()[0])
     assert ops > 100 and ms > 0  # a training step of the demo model runs hundreds of ops
+    # the costliest ops per step, costliest first, each a share of the step's summed time
+    rows = [r.strip("|").split("|") for r in lines if r.startswith("| `aten::")]
+    assert len(rows) == 15
+    ms_per_step = [float(r[2]) for r in rows]
+    assert ms_per_step == sorted(ms_per_step, reverse=True) and ms_per_step[0] > 0
+    assert sum(float(r[3].strip().rstrip("%")) for r in rows) <= 100.5

@@ -1,6 +1,7 @@
 """Single-process training with the NaN guard on the device against a host read per step, in one process.
 
-    python benchmarks/step_guard.py [--steps 200] [--rounds 2] [--tiny] [--profile] [-- --section.key=value ...]
+    python benchmarks/step_guard.py [--steps 200] [--rounds 2] [--tiny] [--profile] [--host-profile]
+                                    [-- --section.key=value ...]
 
 The trainer's guard (train/step_guard.py) clips the gradients, checks the loss and gradients and skips a
 non-finite update on the device, and reads the flag a step or two later, so the host runs ahead of the GPU.
@@ -12,7 +13,8 @@ steady step time ((train s - first step s) / (steps - 1)), examples/s over those
 last short run under `torch.cuda.set_sync_debug_mode("warn")` counts the host syncs left in the loop, by the line
 that made them (set-up and the first step's included). `--profile`: the kernels launched per step and their time
 against the steady step time, from two profiled runs (their difference over the extra steps), which says whether
-the GPU or the host sets the pace, and the costliest kernels (aten ops on CPU) per step.
+the GPU or the host sets the pace, and the costliest kernels (aten ops on CPU) per step. `--host-profile`: the host's
+own time per step by Python function (cProfile, the same two-run difference), where a host-paced step spends it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,16 @@ def run_arm(config: Path, over: list[str], device_guard: bool, run_dir: Path) ->
             "wall_s": s["wall_seconds"]}
 
 
+def same_data(config: Path, over: list[str], steps: int) -> list[str]:
+    """Overrides that give a short and a long profiled run the same data set (enough rows for `steps`), so the
+    difference of the two holds training steps only, not the data's generation."""
+    if any(o.startswith("--data.synth.train_rows=") for o in over):
+        return over
+    from train.config import load_run_config
+
+    return over + [f"--data.synth.train_rows={load_run_config(config, over).train.batch_size * steps}"]
+
+
 def count_syncs(config: Path, over: list[str], run_dir: Path, steps: int) -> collections.Counter:
     """Host syncs of a short device-guard run, by the source line that made them (CUDA only)."""
     import warnings
@@ -109,16 +121,41 @@ def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[s
 def per_step_work(config: Path, over: list[str], tmp: Path, short: int, long: int) -> dict[str, tuple[float, float]]:
     """Per kernel (or aten op on CPU): launches and ms per step, the difference of a long and a short profiled run
     over the extra steps, so set-up, the first step and the end of the run cancel."""
+    over = same_data(config, over, long)
     a = profiled(config, over, tmp / "run-profile-short", short)
     b = profiled(config, over, tmp / "run-profile-long", long)
     n = long - short
     return {k: ((b[k][0] - a[k][0]) / n, (b[k][1] - a[k][1]) / n) for k in set(a) | set(b)}
 
 
-def kernel_table(work: dict[str, tuple[float, float]], rows: int = 15) -> list[str]:
-    """The costliest kernels per step, by time: where the step's GPU time goes."""
+def host_profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[str, tuple[int, float]]:
+    """A device-guard run of `steps` steps under cProfile: per Python function (file:line(name)), its calls and
+    its own host ms (time inside it, not in what it calls; C functions and torch ops included)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(run_arm, config, over + [f"--train.steps={steps}"], True, run_dir)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    return {f"{Path(f).name}:{line}({name})": (nc, tt * 1e3) for (f, line, name), (_, nc, tt, _, _) in stats.items()}
+
+
+def per_step_host(config: Path, over: list[str], tmp: Path, short: int, long: int) -> dict[str, tuple[float, float]]:
+    """Per function: calls and own host ms per step, the difference of a long and a short run over the extra steps."""
+    over = same_data(config, over, long)
+    run_arm(config, over + [f"--train.steps={short}"], True, tmp / "run-host-warm")  # one-off imports and caches
+    a = host_profiled(config, over, tmp / "run-host-short", short)
+    b = host_profiled(config, over, tmp / "run-host-long", long)
+    n = long - short
+    return {k: ((b.get(k, (0, 0.0))[0] - a.get(k, (0, 0.0))[0]) / n, (b.get(k, (0, 0.0))[1] - a.get(k, (0, 0.0))[1]) / n)
+            for k in set(a) | set(b)}
+
+
+def kernel_table(work: dict[str, tuple[float, float]], rows: int = 15,
+                 what: str = "kernel (aten op on CPU)", count: str = "launches") -> list[str]:
+    """The costliest kernels (or host functions) per step, by time: where the step's time goes."""
     total = sum(ms for _, ms in work.values()) or 1.0
-    out = ["| kernel (aten op on CPU) | launches per step | ms per step | share |", "|---|---|---|---|"]
+    out = [f"| {what} | {count} per step | ms per step | share |", "|---|---|---|---|"]
     for name, (count, ms) in sorted(work.items(), key=lambda kv: -kv[1][1])[:rows]:
         short_name = name if len(name) <= 90 else name[:87] + "..."
         out.append(f"| `{short_name}` | {count:.1f} | {ms:.3f} | {ms / total:.1%} |")
@@ -132,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the demo schema and a tiny model on CPU")
     ap.add_argument("--profile", action="store_true",
                     help="also the kernels and kernel time per step (torch.profiler) against the steady step time")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also the host's time per step by Python function (cProfile), the costliest first")
     ap.add_argument("--no-warmup", action="store_true", help="skip the unscored device-guard run before the rounds")
     ap.add_argument("extra", nargs="*", help="config overrides after --")
     args = ap.parse_args(argv)
@@ -176,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"of kernel time against {step_ms:.2f} ms per step: the GPU busy {busy:.0%}"
                       + (" (the host sets the pace)" if busy < 0.8 else ""))
             print("\n".join(kernel_table(work)), flush=True)
+        if args.host_profile:
+            short, long = 5, 5 + min(args.steps, 30)
+            host = per_step_host(config, over, Path(tmp), short, long)
+            print(f"host time per step by function ({long} - {short} steps under cProfile, device guard; its own "
+                  f"time, not its callees'): {sum(ms for _, ms in host.values()):.2f} ms in all")
+            print("\n".join(kernel_table(host, 20, "function", "calls")), flush=True)
         if card != "cpu":
             steps = min(args.steps, 20)
             syncs = count_syncs(config, over, Path(tmp) / "run-syncs", steps)

@@ -39,3 +39,22 @@ def test_profile_counts_the_work_of_a_step(capsys):
     ms_per_step = [float(r[2]) for r in rows]
     assert ms_per_step == sorted(ms_per_step, reverse=True) and ms_per_step[0] > 0
     assert sum(float(r[3].strip().rstrip("%")) for r in rows) <= 100.5
+
+
+@pytest.mark.timeout(300)
+def test_host_profile_names_the_functions_a_step_spends_its_host_time_in(capsys):
+    spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--tiny", "--steps", "6", "--rounds", "1", "--no-warmup", "--host-profile"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    total = next(ln for ln in lines if ln.startswith("host time per step by function"))
+    assert float(total.split("in all")[0].split()[-2]) > 0
+    start = lines.index("| function | calls per step | ms per step | share |")
+    rows = [r.strip("|").split("|") for r in lines[start + 2:start + 22]]
+    assert len(rows) == 20 and all(r[0].strip().startswith("`") for r in rows)
+    ms = [float(r[2]) for r in rows]
+    assert ms == sorted(ms, reverse=True)
+    # one backward per step, and on CPU it is where most of the step's own host time goes
+    backward = [r for r in rows if "run_backward" in r[0]]
+    assert backward and float(backward[0][1]) == 1.0

@@ -393,9 +393,29 @@ def by_call(result_sets: list[dict[str, dict | None]], labels: list[str], baseli
     return rows + ([""] + tests if tests else [])
 
 
+def one_setup(files: list[Path], sets: list[dict[str, dict | None]]) -> None:
+    """Raises unless the files' finished non-bf16 runs share one setup (config, steps, held-out rows; keys a
+    transcribed file lacks are not compared): pairs of 600-step runs and of longer runs are not one population.
+    Files holding only bf16 runs (lenders) may be of any setup: ``pool`` lends only within a setup."""
+    for i, key in enumerate(SETUP_KEYS[:3]):
+        where: dict[object, list[str]] = {}
+        for f, results in zip(files, sets):
+            for run, summary in results.items():
+                value = _setup(summary)[i]
+                if split_seed(run)[0] != "bf16" and _ok(summary) and value is not None:
+                    names = where.setdefault(value, [])
+                    if f.name not in names:
+                        names.append(f.name)
+        if len(where) > 1:
+            listed = "; ".join(f"{key}={v}: {', '.join(n)}" for v, n in where.items())
+            raise QualityError(f"fp8_quality --pool: the files' runs differ in {key} ({listed}); pool each setup "
+                               "on its own (for example the files named -600- apart from -1500-)")
+
+
 def pooled_tables(files: list[Path]) -> list[str]:
-    """The seed tables (every metric) over the paired runs of several ``--json`` files."""
+    """The seed tables (every metric) over the paired runs of several ``--json`` files of one setup."""
     sets = [json.loads(f.read_text()) for f in files]
+    one_setup(files, sets)
     results, borrowings = pool(sets)
     rows = [f"## Pooled over {len(files)} result files ({', '.join(f.name for f in files)}): "
             f"{sum(1 for s in sets for r in s if split_seed(r)[0] == 'bf16')} bf16 runs"]

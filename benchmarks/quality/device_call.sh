@@ -11,6 +11,8 @@
 # runs again without MPS in the time left), each with one torch CPU thread (THREADS=N in the environment changes
 # that; THREADS=0 keeps torch's default of a thread per core). Six seeds (twelve processes, 80 GB) take about
 # 140 s on an H100 this way, against 200-230 s with either alone; neither changes a run's GPU numerics.
+# STEPS=N (default 600, the kept files' setup) trains N steps of 32 rows on one pass over 16/15 x N x 32 train
+# rows (TRAIN_ROWS=R sets them): a longer setup is a pool of its own, named -N- in the kept files.
 set -u
 # PARALLEL: processes at once, by default as many as fit the GPU's memory (about 6.5 GB each: 12 on an 80 GB H100)
 SEEDS=$1; MPS=${2:---mps}; PARALLEL=${3:-auto}; DEADLINE=${4:-470}; VARIANTS=${5:-tensorwise delayed fast accum}
@@ -27,14 +29,15 @@ fi
          "$(cut -d' ' -f1 /proc/loadavg)"
   done ) > "$OUT/usage.txt" 2>/dev/null &
 sampler=$!
-overrides=(--data.synth.train_rows=20480 --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2
+STEPS=${STEPS:-600}; TRAIN_ROWS=${TRAIN_ROWS:-$(( STEPS * 32 * 16 / 15 ))}
+overrides=(--data.synth.train_rows="$TRAIN_ROWS" --data.synth.eval_rows=8192 --data.epochs=1 --data.loader.num_threads=2
            --eval.save_predictions=true)
 [ "$MPS" = --no-mps ] && MPS=""
 THREADS=${THREADS:-1}
 if [ "$THREADS" != 0 ]; then overrides+=(--train.torch_threads="$THREADS"); fi
 t0=$(date +%s)
 quality() {  # $1: --mps or empty, $2: deadline
-  python benchmarks/fp8_quality.py $1 --steps 600 --variants "bf16,$VARIANTS" \
+  python benchmarks/fp8_quality.py $1 --steps "$STEPS" --variants "bf16,$VARIANTS" \
     --seeds "$SEEDS" --parallel "$PARALLEL" --gpus 0 --json "$OUT/q.json" --deadline "$2" -- "${overrides[@]}" \
     > "$OUT/log.txt" 2>&1
   echo "exit $?, $(( $(date +%s) - t0 )) s since the start"

@@ -157,6 +157,18 @@ def test_a_file_without_bf16_runs_borrows_them_from_a_file_of_the_same_setup_in_
     assert row.split(" | ")[1:3] == ["1", "+10.000%"]
 
 
+def test_pool_refuses_pairs_of_different_setups(tmp_path):
+    mod = _load()
+    ev = lambda click, steps: {"eval": {"click": {"ne": click}, "conversion": {"ne": 1.0}}, "steps": steps,
+                               "name": "gem_medium", "eval_rows": 64, "examples": 160}
+    short = {"bf16 seed=0": ev(0.80, 600), "fast seed=0": ev(0.81, 600)}
+    long = {"bf16 seed=1": ev(0.70, 1500), "fast seed=1": ev(0.69, 1500)}
+    lender = {"bf16 seed=2": ev(0.75, 1500)}  # bf16 runs alone may be of another setup: nothing of theirs is pooled
+    with pytest.raises(mod.QualityError, match=r"differ in steps \(steps=600: short.json; steps=1500: long.json\)"):
+        mod.main(["--pool", *_write_sets(tmp_path, short=short, long=long)])
+    assert mod.main(["--pool", *_write_sets(tmp_path, short=short, lender=lender)]) == 0
+
+
 def test_kept_quality_runs_pool():
     files = sorted((REPO / "benchmarks" / "quality").glob("*.json"))
     assert files

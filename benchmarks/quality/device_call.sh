@@ -14,13 +14,17 @@
 # STEPS=N (default 600, the kept files' setup) trains N steps of 32 rows on one pass over 16/15 x N x 32 train
 # rows (TRAIN_ROWS=R sets them): a longer setup is a pool of its own, named -N- in the kept files.
 set -u
-# PARALLEL: processes at once, by default as many as fit the GPU's memory (about 6.5 GB each: 12 on an 80 GB H100)
+# PARALLEL: processes at once, by default and at most as many as fit the GPU's memory (about 6.5 GB each: 12 on an
+# 80 GB H100)
 SEEDS=$1; MPS=${2:---mps}; PARALLEL=${3:-auto}; DEADLINE=${4:-470}; VARIANTS=${5:-tensorwise delayed fast accum}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD GEMTRAIN_ATTN_AUTOTUNE=0
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-if [ "$PARALLEL" = auto ]; then
-  PARALLEL=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 6600 ))
+# A call may land on a smaller card than the kind asked for: never start more processes than its memory holds.
+FIT=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 6600 ))
+if [ "$PARALLEL" = auto ] || [ "$PARALLEL" -gt "$FIT" ]; then
+  [ "$PARALLEL" != auto ] && echo "parallel $PARALLEL does not fit this card's memory"
+  PARALLEL=$FIT
   echo "parallel: $PARALLEL"
 fi
 # What bounds a call (GPU or host CPU): GPU utilization and the load average every 10 s, summed up at the end.

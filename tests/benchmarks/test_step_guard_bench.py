@@ -9,11 +9,26 @@ import pytest
 from tests.conftest import REPO
 
 
-@pytest.mark.timeout(300)
-def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
+def _load():
     spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _costliest_first(lines: list[str], header: str, n: int) -> list[list[str]]:
+    """The n rows of the table under `header`, split into cells, after checking they are sorted by ms, descending."""
+    start = lines.index(header)
+    rows = [r.strip("|").split("|") for r in lines[start + 2:start + 2 + n]]
+    assert len(rows) == n and all(len(r) == 4 for r in rows)
+    ms = [float(r[2]) for r in rows]
+    assert ms == sorted(ms, reverse=True)
+    return rows
+
+
+@pytest.mark.timeout(300)
+def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
+    mod = _load()
     assert mod.main(["--tiny", "--steps", "4", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     rows = [r.strip("|").split("|") for r in out.splitlines() if r.startswith("| 1 |")]
@@ -25,36 +40,27 @@ def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
 
 @pytest.mark.timeout(300)
 def test_profile_counts_the_work_of_a_step(capsys):
-    spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load()
     assert mod.main(["--tiny", "--steps", "3", "--rounds", "1", "--no-warmup", "--profile"]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = next(ln for ln in lines if ln.startswith("per step ("))
     ops, ms = float(line.split(": ")[1].split()[0]), float(line.split("included), ")[1].split()[0])
     assert ops > 100 and ms > 0  # a training step of the demo model runs hundreds of ops
     # the costliest ops per step, costliest first, each a share of the step's summed time
-    rows = [r.strip("|").split("|") for r in lines if r.startswith("| `aten::")]
-    assert len(rows) == 15
-    ms_per_step = [float(r[2]) for r in rows]
-    assert ms_per_step == sorted(ms_per_step, reverse=True) and ms_per_step[0] > 0
+    rows = _costliest_first(lines, "| kernel (aten op on CPU) | launches per step | ms per step | share |", 15)
+    assert all(r[0].strip().startswith("`aten::") for r in rows) and float(rows[0][2]) > 0
     assert sum(float(r[3].strip().rstrip("%")) for r in rows) <= 100.5
 
 
 @pytest.mark.timeout(300)
 def test_host_profile_names_the_functions_a_step_spends_its_host_time_in(capsys):
-    spec = importlib.util.spec_from_file_location("step_guard_bench", REPO / "benchmarks" / "step_guard.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load()
     assert mod.main(["--tiny", "--steps", "6", "--rounds", "1", "--no-warmup", "--host-profile"]) == 0
     lines = capsys.readouterr().out.splitlines()
     total = next(ln for ln in lines if ln.startswith("host time per step by function"))
     assert float(total.split("in all")[0].split()[-2]) > 0
-    start = lines.index("| function | calls per step | ms per step | share |")
-    rows = [r.strip("|").split("|") for r in lines[start + 2:start + 22]]
-    assert len(rows) == 20 and all(r[0].strip().startswith("`") for r in rows)
-    ms = [float(r[2]) for r in rows]
-    assert ms == sorted(ms, reverse=True)
-    # one backward per step, and on CPU it is where most of the step's own host time goes
+    rows = _costliest_first(lines, "| function | calls per step | ms per step | share |", 20)
+    assert all(r[0].strip().startswith("`") for r in rows)
+    # one backward per step
     backward = [r for r in rows if "run_backward" in r[0]]
     assert backward and float(backward[0][1]) == 1.0

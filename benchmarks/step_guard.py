@@ -9,12 +9,13 @@ The baseline reads each step's flag on the host before the update (`Trainer.devi
 guard the single-process loop had before). Both arms train the same config (`configs/gem_medium.yaml` on
 the GPU, the demo model with `--tiny`), seed, data and steps; each round runs both, alternating which goes
 first, after an unscored warm-up run (the process's first run pays for compiles over many steps). Per run: the
-steady step time ((train s - first step s) / (steps - 1)), examples/s over those steps and wall time; then the ratio host / device per round and the median. On CUDA a
-last short run under `torch.cuda.set_sync_debug_mode("warn")` counts the host syncs left in the loop, by the line
-that made them (set-up and the first step's included). `--profile`: the kernels launched per step and their time
-against the steady step time, from two profiled runs (their difference over the extra steps), which says whether
-the GPU or the host sets the pace, and the costliest kernels (aten ops on CPU) per step. `--host-profile`: the host's
-own time per step by Python function (cProfile, the same two-run difference), where a host-paced step spends it.
+steady step time ((train s - first step s) / (steps - 1)), examples/s over those steps and wall time; then the
+ratio host / device per round and the median. On CUDA a last short run under `torch.cuda.set_sync_debug_mode("warn")`
+counts the host syncs left in the loop, by the line that made them (set-up and the first step's included).
+`--profile`: the kernels launched per step and their time against the steady step time, which says whether the GPU
+or the host sets the pace, and the costliest kernels (aten ops on CPU) per step. `--host-profile`: the host's own
+time per step by Python function (cProfile), where a host-paced step spends it. Both take the difference of a short
+and a long run over the extra steps, after an unscored run.
 """
 
 from __future__ import annotations
@@ -94,8 +95,11 @@ def count_syncs(config: Path, over: list[str], run_dir: Path, steps: int) -> col
                                if "synchroniz" in str(w.message))
 
 
-def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[str, list[float]]:
-    """A device-guard run of `steps` steps under torch.profiler: per GPU kernel name, [launches, summed ms],
+Work = dict[str, tuple[float, float]]  # per kernel, aten op or function: (launches or calls, ms)
+
+
+def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> Work:
+    """A device-guard run of `steps` steps under torch.profiler: per GPU kernel name, its launches and summed ms,
     copies and memsets included. On CPU the same per aten op (its self CPU time), nested ops included."""
     import torch
     from torch.autograd import DeviceType
@@ -105,30 +109,20 @@ def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[s
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         run_arm(config, over + [f"--train.steps={steps}"], True, run_dir)
-    work: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    launches: collections.Counter = collections.Counter()
+    ms: collections.Counter = collections.Counter()
     for e in prof.events():
         if cuda and e.device_type == DeviceType.CUDA:
-            ms = e.time_range.elapsed_us() / 1e3
+            ms[e.name] += e.time_range.elapsed_us() / 1e3
         elif not cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
-            ms = e.self_cpu_time_total / 1e3
+            ms[e.name] += e.self_cpu_time_total / 1e3
         else:
             continue
-        work[e.name][0] += 1
-        work[e.name][1] += ms
-    return work
+        launches[e.name] += 1
+    return {k: (launches[k], ms[k]) for k in launches}
 
 
-def per_step_work(config: Path, over: list[str], tmp: Path, short: int, long: int) -> dict[str, tuple[float, float]]:
-    """Per kernel (or aten op on CPU): launches and ms per step, the difference of a long and a short profiled run
-    over the extra steps, so set-up, the first step and the end of the run cancel."""
-    over = same_data(config, over, long)
-    a = profiled(config, over, tmp / "run-profile-short", short)
-    b = profiled(config, over, tmp / "run-profile-long", long)
-    n = long - short
-    return {k: ((b[k][0] - a[k][0]) / n, (b[k][1] - a[k][1]) / n) for k in set(a) | set(b)}
-
-
-def host_profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> dict[str, tuple[int, float]]:
+def host_profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> Work:
     """A device-guard run of `steps` steps under cProfile: per Python function (file:line(name)), its calls and
     its own host ms (time inside it, not in what it calls; C functions and torch ops included)."""
     import cProfile
@@ -140,22 +134,24 @@ def host_profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> d
     return {f"{Path(f).name}:{line}({name})": (nc, tt * 1e3) for (f, line, name), (_, nc, tt, _, _) in stats.items()}
 
 
-def per_step_host(config: Path, over: list[str], tmp: Path, short: int, long: int) -> dict[str, tuple[float, float]]:
-    """Per function: calls and own host ms per step, the difference of a long and a short run over the extra steps."""
+def per_step(measure, config: Path, over: list[str], tmp: Path, short: int, long: int) -> Work:
+    """`measure` (`profiled` or `host_profiled`) per step: the difference of a long and a short run over the extra
+    steps, so set-up, the first step and the end of the run cancel. Both runs train on one data set, after an
+    unscored run that pays the one-off imports and caches."""
     over = same_data(config, over, long)
-    run_arm(config, over + [f"--train.steps={short}"], True, tmp / "run-host-warm")  # one-off imports and caches
-    a = host_profiled(config, over, tmp / "run-host-short", short)
-    b = host_profiled(config, over, tmp / "run-host-long", long)
-    n = long - short
-    return {k: ((b.get(k, (0, 0.0))[0] - a.get(k, (0, 0.0))[0]) / n, (b.get(k, (0, 0.0))[1] - a.get(k, (0, 0.0))[1]) / n)
+    tag = measure.__name__
+    run_arm(config, over + [f"--train.steps={short}"], True, tmp / f"run-{tag}-warm")
+    a = measure(config, over, tmp / f"run-{tag}-short", short)
+    b = measure(config, over, tmp / f"run-{tag}-long", long)
+    zero, n = (0, 0.0), long - short
+    return {k: ((b.get(k, zero)[0] - a.get(k, zero)[0]) / n, (b.get(k, zero)[1] - a.get(k, zero)[1]) / n)
             for k in set(a) | set(b)}
 
 
-def kernel_table(work: dict[str, tuple[float, float]], rows: int = 15,
-                 what: str = "kernel (aten op on CPU)", count: str = "launches") -> list[str]:
+def costliest_table(work: Work, rows: int, what: str, counted: str) -> list[str]:
     """The costliest kernels (or host functions) per step, by time: where the step's time goes."""
     total = sum(ms for _, ms in work.values()) or 1.0
-    out = [f"| {what} | {count} per step | ms per step | share |", "|---|---|---|---|"]
+    out = [f"| {what} | {counted} per step | ms per step | share |", "|---|---|---|---|"]
     for name, (count, ms) in sorted(work.items(), key=lambda kv: -kv[1][1])[:rows]:
         short_name = name if len(name) <= 90 else name[:87] + "..."
         out.append(f"| `{short_name}` | {count:.1f} | {ms:.3f} | {ms / total:.1%} |")
@@ -201,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{x['examples_per_s']:,.0f} | {time.perf_counter() - t0:.1f} |", flush=True)
             ratios.append(res["host"]["step_ms"] / res["device"]["step_ms"])
             device_ms.append(res["device"]["step_ms"])
+        short, long = 5, 5 + min(args.steps, 30)  # the profiles' two runs
         if args.profile:
-            short, long = 5, 5 + min(args.steps, 30)
-            work = per_step_work(config, over, Path(tmp), short, long)
+            work = per_step(profiled, config, over, Path(tmp), short, long)
             n, ms = sum(c for c, _ in work.values()), sum(m for _, m in work.values())
             step_ms = statistics.median(device_ms)
             if card == "cpu":
@@ -214,13 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"per step ({long} - {short} steps profiled, device guard): {n:.0f} GPU kernels, {ms:.2f} ms "
                       f"of kernel time against {step_ms:.2f} ms per step: the GPU busy {busy:.0%}"
                       + (" (the host sets the pace)" if busy < 0.8 else ""))
-            print("\n".join(kernel_table(work)), flush=True)
+            print("\n".join(costliest_table(work, 15, "kernel (aten op on CPU)", "launches")), flush=True)
         if args.host_profile:
-            short, long = 5, 5 + min(args.steps, 30)
-            host = per_step_host(config, over, Path(tmp), short, long)
+            host = per_step(host_profiled, config, over, Path(tmp), short, long)
             print(f"host time per step by function ({long} - {short} steps under cProfile, device guard; its own "
                   f"time, not its callees'): {sum(ms for _, ms in host.values()):.2f} ms in all")
-            print("\n".join(kernel_table(host, 20, "function", "calls")), flush=True)
+            print("\n".join(costliest_table(host, 20, "function", "calls")), flush=True)
         if card != "cpu":
             steps = min(args.steps, 20)
             syncs = count_syncs(config, over, Path(tmp) / "run-syncs", steps)

@@ -397,15 +397,13 @@ def one_setup(files: list[Path], sets: list[dict[str, dict | None]]) -> None:
     """Raises unless the files' finished non-bf16 runs share one setup (config, steps, held-out rows; keys a
     transcribed file lacks are not compared): pairs of 600-step runs and of longer runs are not one population.
     Files holding only bf16 runs (lenders) may be of any setup: ``pool`` lends only within a setup."""
+    paired = [(f.name, _setup(summary)) for f, results in zip(files, sets) for run, summary in results.items()
+              if split_seed(run)[0] != "bf16" and _ok(summary)]
     for i, key in enumerate(SETUP_KEYS[:3]):
         where: dict[object, list[str]] = {}
-        for f, results in zip(files, sets):
-            for run, summary in results.items():
-                value = _setup(summary)[i]
-                if split_seed(run)[0] != "bf16" and _ok(summary) and value is not None:
-                    names = where.setdefault(value, [])
-                    if f.name not in names:
-                        names.append(f.name)
+        for name, setup in paired:
+            if setup[i] is not None and name not in where.setdefault(setup[i], []):
+                where[setup[i]].append(name)
         if len(where) > 1:
             listed = "; ".join(f"{key}={v}: {', '.join(n)}" for v, n in where.items())
             raise QualityError(f"fp8_quality --pool: the files' runs differ in {key} ({listed}); pool each setup "

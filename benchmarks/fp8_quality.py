@@ -88,6 +88,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "tensorwise delayed": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "delayed"},
     "tensorwise delayed fast accum": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
                                       "scaling": "delayed", "fast_accum": "all"},
+    "tensorwise delayed fast dgrad": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
+                                      "scaling": "delayed", "fast_accum": "dgrad"},
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},
     "mxfp8 (hopper: emulate)": {"attention": "mxfp8", "mlp": "mxfp8", "wgrad": "recipe",
                                 "mx_on_hopper": "emulate"},

@@ -100,7 +100,9 @@ Work = dict[str, tuple[float, float]]  # per kernel, aten op or function: (launc
 
 def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> Work:
     """A device-guard run of `steps` steps under torch.profiler: per GPU kernel name, its launches and summed ms,
-    copies and memsets included. On CPU the same per aten op (its self CPU time), nested ops included."""
+    copies and memsets included. On CPU the same per aten op (its self CPU time), nested ops included. Ranges that
+    `record_function` marks on the GPU's timeline (the optimizers' `Optimizer.step#...`) span kernels and the gaps
+    between them: they are left out, or their kernels would count twice."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -112,7 +114,7 @@ def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> Work:
     launches: collections.Counter = collections.Counter()
     ms: collections.Counter = collections.Counter()
     for e in prof.events():
-        if cuda and e.device_type == DeviceType.CUDA:
+        if cuda and e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             ms[e.name] += e.time_range.elapsed_us() / 1e3
         elif not cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
             ms[e.name] += e.self_cpu_time_total / 1e3

@@ -27,7 +27,9 @@ bf16       bf16 operands, fp32 accumulation             bf16 ``mm``
 ========== ============================================ =============================================
 
 ``fast_accum`` (tensorwise only): ``"output"`` (default) runs the output GEMM with cuBLAS's fast accumulation, as
-common FP8 training recipes do, and the two backward GEMMs with full accumulation; ``"all"`` runs all three fast.
+common FP8 training recipes do, and the two backward GEMMs with full accumulation; ``"dgrad"`` runs the input
+gradient fast too (its sums run over the layer's width), keeping the weight gradient's sums over every token in
+full accumulation; ``"all"`` runs all three fast.
 Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward GEMMs"): inside the layer cuBLAS then
 picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
 error (6e-3 relative on a 65536-token weight gradient). Over 167 seed pairs of a 600-step ``gem_medium`` run, each
@@ -87,7 +89,7 @@ GRAD_FORMATS = ("e5m2", "e4m3")
 WGRAD_PRECISIONS = ("recipe", "bf16", "fp32")
 MX_ON_HOPPER = ("emulate", "blockwise")
 SCALINGS = ("current", "delayed")
-FAST_ACCUM = ("output", "all")
+FAST_ACCUM = ("output", "dgrad", "all")
 # Recipes whose dY quantizer also returns dY's column sums (the bias gradient) from its read of dY, so the
 # backward needs no separate pass over dY for db (a benchmark may drop a recipe to time the separate sum).
 FUSED_BIAS_GRAD = {"mxfp8", "blockwise", "tensorwise"}
@@ -111,7 +113,7 @@ class Fp8Config:
     scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
     amax_history: int = 16  # delayed scaling: the scale is the max amax of this many earlier steps
     min_gemm: float = 0  # calls with tokens x in x out below this run bf16 F.linear (see the module docstring)
-    fast_accum: str = "output"  # tensorwise: GEMMs with fast accumulation, "output" or "all" (module docstring)
+    fast_accum: str = "output"  # tensorwise: GEMMs with fast accumulation, "output", "dgrad" or "all" (module doc)
 
     def __post_init__(self) -> None:
         if self.fast_accum not in FAST_ACCUM:
@@ -124,9 +126,9 @@ class Fp8Config:
             raise Fp8LinearError(
                 f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
                 "recipe='tensorwise' or scaling='current'")
-        if self.fast_accum == "all" and self.recipe not in ("tensorwise", "bf16"):
+        if self.fast_accum != "output" and self.recipe not in ("tensorwise", "bf16"):
             raise Fp8LinearError(
-                f"Fp8Config: fast_accum='all' is a tensorwise option, recipe is {self.recipe!r}; use "
+                f"Fp8Config: fast_accum={self.fast_accum!r} is a tensorwise option, recipe is {self.recipe!r}; use "
                 "recipe='tensorwise' or fast_accum='output'")
         if isinstance(self.min_gemm, bool) or not isinstance(self.min_gemm, (int, float)) or not self.min_gemm >= 0:
             raise Fp8LinearError(f"Fp8Config.min_gemm must be a number >= 0 (tokens x in x out), got {self.min_gemm!r}")
@@ -159,7 +161,8 @@ class _Plan:
     x_tiles: bool = False  # blockwise: 128x128 tiles for the input in the weight gradient
     grad_format: str = "e5m2"  # tensorwise: format of dY
     mx_scale: str = "floor"  # mxfp8: E8M0 scale rule
-    fast_accum_bwd: bool = False  # the input- and weight-gradient GEMMs with fast accumulation too
+    fast_accum_dgrad: bool = False  # the input-gradient GEMM with fast accumulation too
+    fast_accum_wgrad: bool = False  # and the weight-gradient GEMM
 
     @staticmethod
     def make(cfg: Fp8Config, x: torch.Tensor, where: str) -> _Plan:
@@ -170,7 +173,8 @@ class _Plan:
             tiles = p.recipe == "blockwise" and cfg.blockwise_wgrad == "128x128"
             plan = _PLANS[key] = _Plan(p.recipe, p.native, p.mx_hopper, p.backend, x_tiles=tiles,
                                        grad_format=cfg.grad_format, mx_scale=cfg.mx_scale,
-                                       fast_accum_bwd=cfg.fast_accum == "all")
+                                       fast_accum_dgrad=cfg.fast_accum in ("dgrad", "all"),
+                                       fast_accum_wgrad=cfg.fast_accum == "all")
         return plan
 
     @staticmethod
@@ -472,12 +476,12 @@ class _Fp8LinearFn(torch.autograd.Function):
             else:
                 dya = plan.act(dyq, 1, grad=True, delayed=dyd)
         if need_x:
-            dx = plan.gemm(dya, wt, ctx.x_dtype, fast_accum=plan.fast_accum_bwd)
+            dx = plan.gemm(dya, wt, ctx.x_dtype, fast_accum=plan.fast_accum_dgrad)
             if dx.shape[0] != ctx.m:
                 dx = dx[:ctx.m]
         if need_w:
             if ctx.fp8_wgrad:
-                dw = plan.gemm(dyt, xt, ctx.w_dtype, fast_accum=plan.fast_accum_bwd)
+                dw = plan.gemm(dyt, xt, ctx.w_dtype, fast_accum=plan.fast_accum_wgrad)
             else:
                 dw = _hp_gemm(dy.t(), x.t(), ctx.wgrad, plan.native)
             if dw.dtype != ctx.w_dtype:

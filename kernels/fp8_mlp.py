@@ -78,13 +78,13 @@ class _Fp8GeluMlpFn(torch.autograd.Function):
         fmt = plan.grad_format
         dya, dyt, db2 = mx.quantize_tensorwise_both(dy.contiguous(), fmt, backend=plan.backend, col_sums=True,
                                                     delayed=ctx.st2.scale(1, ctx.step2, ctx.dy_hist2))
-        dh = plan.gemm(dya, w2t, u.dtype, fast_accum=plan.fast_accum_bwd)
-        dw2 = plan.gemm(dyt, ht, w2_dtype, fast_accum=plan.fast_accum_bwd)
+        dh = plan.gemm(dya, w2t, u.dtype, fast_accum=plan.fast_accum_dgrad)
+        dw2 = plan.gemm(dyt, ht, w2_dtype, fast_accum=plan.fast_accum_wgrad)
         dua, dut, db1 = mx.quantize_tensorwise_both(dh, fmt, backend=plan.backend, col_sums=True,
                                                     delayed=ctx.st1.scale(1, ctx.step1, ctx.dy_hist1),
                                                     act="gelu_backward", act_input=u)
-        dx = plan.gemm(dua, w1t, x_dtype, fast_accum=plan.fast_accum_bwd)
-        dw1 = plan.gemm(dut, xt, w1_dtype, fast_accum=plan.fast_accum_bwd)
+        dx = plan.gemm(dua, w1t, x_dtype, fast_accum=plan.fast_accum_dgrad)
+        dw1 = plan.gemm(dut, xt, w1_dtype, fast_accum=plan.fast_accum_wgrad)
         ctx.st1 = ctx.st2 = None
         return (dx, dw1.to(w1_dtype), db1.to(b1_dtype) if b1_dtype is not None else None, dw2.to(w2_dtype),
                 db2.to(b2_dtype) if b2_dtype is not None else None, None, None, None, None)

@@ -170,7 +170,13 @@ def test_pool_refuses_pairs_of_different_setups(tmp_path):
 
 
 def test_kept_quality_runs_pool():
-    files = sorted((REPO / "benchmarks" / "quality").glob("*.json"))
+    """Each kept setup pools on its own (600 and 1500 steps); pooled together they are refused."""
+    kept = REPO / "benchmarks" / "quality"
+    longer = sorted(kept.glob("*-1500-*.json"))
+    assert longer and any(r.startswith("| tensorwise delayed fast accum | ") for r in stats.pooled_tables(longer))
+    with pytest.raises(stats.QualityError, match="differ in steps"):
+        stats.pooled_tables(sorted(kept.glob("*.json")))
+    files = sorted(kept.glob("*-600-*.json"))
     assert files
     rows = stats.pooled_tables(files)
     tw = [r for r in rows if r.startswith("| tensorwise delayed | ") and r.split(" | ")[1].isdigit()]

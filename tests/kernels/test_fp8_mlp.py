@@ -107,10 +107,11 @@ def test_fused_mlp_equals_the_layer_chain_over_steps():
         opt_f.zero_grad()
 
 
-@pytest.mark.parametrize("fast_accum,backward_fast", [("output", False), ("all", True)])
-def test_fast_accum_option_reaches_the_backward_gemms(monkeypatch, fast_accum, backward_fast):
+@pytest.mark.parametrize("fast_accum,dgrad_fast,wgrad_fast", [("output", False, False), ("dgrad", True, False),
+                                                               ("all", True, True)])
+def test_fast_accum_option_reaches_the_backward_gemms(monkeypatch, fast_accum, dgrad_fast, wgrad_fast):
     """Each GEMM's fast-accumulation flag, in the layer chain and the fused MLP: the two forward GEMMs always fast,
-    the four backward GEMMs only with ``fast_accum="all"``."""
+    the two input-gradient GEMMs with ``fast_accum`` "dgrad" or "all", the two weight-gradient GEMMs with "all"."""
     from kernels.fp8_linear import _Plan
 
     flags: list[bool] = []
@@ -126,11 +127,13 @@ def test_fast_accum_option_reaches_the_backward_gemms(monkeypatch, fast_accum, b
         y = run()
         assert flags == [True, True]
         y.square().sum().backward()
-        assert flags[2:] == [backward_fast] * 4
+        assert flags[2:] == [dgrad_fast, wgrad_fast] * 2  # each layer's input gradient, then its weight gradient
     with pytest.raises(Fp8LinearError, match="fast_accum"):
         Fp8Config(recipe="tensorwise", fast_accum="backward")
     with pytest.raises(Fp8LinearError, match="fast_accum='all' is a tensorwise option"):
         Fp8Config(recipe="blockwise", fast_accum="all")
+    with pytest.raises(Fp8LinearError, match="fast_accum='dgrad' is a tensorwise option"):
+        Fp8Config(recipe="blockwise", fast_accum="dgrad")
 
 
 def test_fusable_only_for_tensorwise_delayed_exact_gelu_in_training():

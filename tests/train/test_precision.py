@@ -118,7 +118,8 @@ def test_fast_accum_reaches_the_fp8_layers_and_is_validated():
     assert all(model.get_submodule(n).config.fast_accum == "all" for n in report.converted)
     assert PrecisionPolicy(mlp="tensorwise").config_for("mlp").fast_accum == "output"
     with pytest.raises(PrecisionPolicyError, match="fast_accum"):
-        PrecisionPolicy.from_dict({"mlp": "tensorwise", "fast_accum": "dgrad"})
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "fast_accum": "backward"})
+    assert PrecisionPolicy(mlp="tensorwise", fast_accum="dgrad").config_for("mlp").fast_accum == "dgrad"
     with pytest.raises(PrecisionPolicyError, match=r"fast_accum='all' is a tensorwise option.*'attention': 'blockwise'"):
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "attention": "blockwise", "fast_accum": "all"})
 

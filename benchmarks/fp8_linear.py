@@ -59,6 +59,7 @@ VARIANTS = [  # (label, config kwargs)
     ("tensorwise wgrad=bf16", dict(recipe="tensorwise", wgrad="bf16")),
     ("tensorwise delayed (dY e5m2)", dict(recipe="tensorwise", scaling="delayed")),
     ("tensorwise delayed wgrad=bf16", dict(recipe="tensorwise", scaling="delayed", wgrad="bf16")),
+    ("tensorwise delayed, fast accum dgrad", dict(recipe="tensorwise", scaling="delayed", fast_accum="dgrad")),
     ("tensorwise delayed, fast accum all", dict(recipe="tensorwise", scaling="delayed", fast_accum="all")),
     ("mxfp8 (hopper: emulate)", dict(recipe="mxfp8", mx_on_hopper="emulate")),
     ("mxfp8 (hopper: as blockwise)", dict(recipe="mxfp8", mx_on_hopper="blockwise")),

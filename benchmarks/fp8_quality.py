@@ -4,7 +4,7 @@
                                                   [--gpu-after 1:/tmp/bench.done] [--deadline 250] [--mps]
     PYTHONPATH=. python benchmarks/fp8_quality.py --cpu          # tiny CPU mode: emulated recipes, demo schema
     PYTHONPATH=. python benchmarks/fp8_quality.py --seeds 0,1,2 --variants tensorwise --parallel 6 --gpus 0,1
-    PYTHONPATH=. python benchmarks/fp8_quality.py --pool benchmarks/quality/*.json   # tables over saved runs
+    PYTHONPATH=. python benchmarks/fp8_quality.py --pool benchmarks/quality/*-600-*.json   # tables over saved runs
 
 Every variant is one `train.trainer.Trainer` run of the same config (``configs/gem_medium.yaml`` on the GPU),
 same seed, data and steps; only the run config's ``precision:`` section differs. The table holds the

@@ -104,16 +104,22 @@ def profiled(config: Path, over: list[str], run_dir: Path, steps: int) -> Work:
     `record_function` marks on the GPU's timeline (the optimizers' `Optimizer.step#...`) span kernels and the gaps
     between them: they are left out, or their kernels would count twice."""
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available() and "--train.device=cpu" not in over
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         run_arm(config, over + [f"--train.steps={steps}"], True, run_dir)
+    return event_work(prof.events(), cuda)
+
+
+def event_work(events, cuda: bool) -> Work:
+    """Per name, the count and summed ms of the profiler events `profiled` counts (its docstring says which)."""
+    from torch.autograd import DeviceType
+
     launches: collections.Counter = collections.Counter()
     ms: collections.Counter = collections.Counter()
-    for e in prof.events():
+    for e in events:
         if cuda and e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             ms[e.name] += e.time_range.elapsed_us() / 1e3
         elif not cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):

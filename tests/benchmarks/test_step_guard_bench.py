@@ -64,3 +64,18 @@ def test_host_profile_names_the_functions_a_step_spends_its_host_time_in(capsys)
     # one backward per step
     backward = [r for r in rows if "run_backward" in r[0]]
     assert backward and float(backward[0][1]) == 1.0
+
+
+def test_gpu_kernel_time_leaves_out_the_annotation_ranges():
+    """On the GPU's timeline `record_function` ranges (`Optimizer.step#...`) span kernels already counted: the
+    kernel time sums kernels only (torch's own profiler events, built as a CUDA trace lists them)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, start, end, **kw):
+        return FunctionEvent(id=0, name=name, thread=0, start_us=start, end_us=end, device_type=DeviceType.CUDA, **kw)
+
+    events = [event("gemm", 0, 300), event("gemm", 500, 800), event("cast", 900, 1000),
+              event("Optimizer.step#Adagrad.step", 0, 1000, is_user_annotation=True)]
+    work = _load().event_work(events, cuda=True)
+    assert work == {"gemm": (2, 0.6), "cast": (1, 0.1)}

@@ -63,5 +63,12 @@ class AmaxState:
         self.last[row] = step if last is None or last < step else last
         return mx.DelayedScale(self.rows[row], step, self.window, use_history)
 
+    def newest_overflow(self, grad_format: str) -> torch.Tensor:
+        """[2] fp32, per ring (x in e4m3, dY in ``grad_format``): :func:`kernels.mx.delayed_overflow_ref` of the
+        newest step it recorded (above 1: that step's cast saturated), 0 for a ring with none. No sync."""
+        out = [mx.delayed_overflow_ref(ring, t, self.window, fmt) if t is not None
+               else torch.zeros((), device=ring.device)
+               for ring, t, fmt in zip(self.rows, self.last, ("e4m3", grad_format))]
+        return torch.stack(out)
 
 __all__ = ["AmaxState", "fp8_step", "register_step_hook"]

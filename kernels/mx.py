@@ -426,6 +426,21 @@ def tensorwise_history_amax_ref(history: torch.Tensor, step: int, window: int) -
     return torch.where(ok, history & 0x7FFFFFFF, torch.zeros_like(history)).amax().to(torch.int32)
 
 
+def delayed_overflow_ref(history: torch.Tensor, step: int, window: int, fmt: str = "e4m3") -> torch.Tensor:
+    """How far the amax recorded for ``step`` went beyond the range of the delayed scale that step cast with:
+    amax / (format max x scale), a 0-dim fp32 tensor. Above 1, values beyond the range saturated to the format's
+    max; 0 where ``step`` cast with current scaling (no history in its window) or recorded no amax, and where an
+    amax is not finite (its codes are NaN, not saturated). Device ops only: no sync."""
+    _, fmax, emax = _fmt(fmt, "delayed_overflow_ref")
+    prior = tensorwise_history_amax_ref(history, step, window)
+    slot = history[step % history.shape[0]]
+    own = torch.where((slot >> _STEP_SHIFT) == step, slot & 0x7FFFFFFF, torch.zeros_like(slot)).to(torch.int32)
+    _, scale_bits, bad = _scale_bits_ref(prior, e8m0=0, emax=emax)
+    limit = fmax * _f32_from_bits(scale_bits)
+    ok = (prior > 0) & ~bad & (own >> 23 != 255)
+    return torch.where(ok, _f32_from_bits(own) / limit, torch.zeros_like(limit))
+
+
 def _record_amax_ref(history: torch.Tensor, step: int, amax_bits: torch.Tensor) -> None:
     i = step % history.shape[0]
     history[i] = torch.maximum(history[i], (step << _STEP_SHIFT) | amax_bits.to(torch.int64))

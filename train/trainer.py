@@ -38,6 +38,7 @@ from train.compile import compile_for_run
 from train.config import RunConfig
 from train.data import DevicePrefetcher, ensure_synthetic, log_stderr, make_loader, real_events
 from train.distributed import is_distributed
+from train.fp8_saturation import SaturationTally
 from train.held_out import HeldOutScorer
 from train.metrics import EVAL_RECORD_KEYS, TaskMetrics
 from train.optimizers import build_optimizer, lr_factor
@@ -109,6 +110,8 @@ class Trainer:
             model = build_model(self.schema, cfg.model, device=self.device)
         self.model = model.to(self.device)
         self.precision_report = apply_config_policy(self.model, cfg.precision, cfg.source, self.log)
+        # delayed-scaling FP8 layers: how often their casts saturate, sampled at each log line
+        self.saturation = SaturationTally() if self.precision_report and self.precision_report.converted else None
         self.compiled_blocks = compile_for_run(self.model, cfg.train.compile, is_distributed(), self.log)
         self.optimizer, self.dense_opt, self.dense_params, self.sparse_params = build_optimizer(self.model, cfg)
         self.autocast = self.device.type == "cuda" and cfg.train.bf16
@@ -413,6 +416,8 @@ class Trainer:
             rec["tflops_per_s"] = tflops
             if mfu is not None:
                 rec["mfu"] = mfu
+        if self.saturation is not None:
+            rec.update(self.saturation.sample(self.model))
         for name, seq in self.padding.sequences.items():  # cumulative over the batches seen
             rec[f"padding_share/{name}"] = seq.padding_waste_batch_max
             rec[f"attn_padded_over_jagged/{name}"] = seq.attn_saving_batch_max
@@ -526,5 +531,6 @@ class Trainer:
             "train_last": {k: v for k, v in last_train.items() if k != "kind"},
             "padding": self.padding.to_dict(),
             "mfu": last_mfu,
+            "fp8_saturation": self.saturation.summary() if self.saturation is not None else None,
             "software": software(self.device),
         }

@@ -132,6 +132,30 @@ def test_saturation_and_non_finite_values(fmt):
         assert q2.scale.isnan() and mx.dequantize_scaled(q2).isnan().all()  # step 1 recorded NaN
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_overflow_of_a_step_says_whether_its_cast_saturated(fmt):
+    """`delayed_overflow_ref`: the step's amax over the range its delayed scale gave; above 1 exactly when some
+    element lay beyond that range (and was saturated). 0 for a step without history or with a non-finite amax."""
+    _, fmax = FORMATS[fmt]
+    for backend in ("ref", "triton"):
+        for factor in (0.5, 1.5, 1.9, 3.0, 1e6):
+            h = mx.new_amax_history(2)[0]
+            mx.quantize_tensorwise(torch.ones(4, 16), 1, fmt, backend=backend,
+                                   delayed=mx.DelayedScale(h, 0, 2, use_history=False))
+            assert float(mx.delayed_overflow_ref(h, 0, 2, fmt)) == 0.0  # current scaling: nothing to exceed
+            x = torch.ones(4, 16)
+            x[1, 3] = factor
+            q = mx.quantize_tensorwise(x, 1, fmt, backend=backend, delayed=mx.DelayedScale(h, 1, 2, True))
+            limit = q.scale.item() * fmax
+            ratio = float(mx.delayed_overflow_ref(h, 1, 2, fmt))
+            assert ratio == pytest.approx(max(factor, 1.0) / limit, rel=1e-6)
+            saturated = mx.dequantize_scaled(q)[1, 3].item() < factor
+            assert (ratio > 1) == saturated == (factor > limit), (backend, factor)
+        x[0, 0] = float("nan")
+        mx.quantize_tensorwise(x, 1, fmt, backend=backend, delayed=mx.DelayedScale(h, 2, 2, True))
+        assert float(mx.delayed_overflow_ref(h, 2, 2, fmt)) == 0.0  # NaN codes, not saturation
+
+
 # ---- the layer
 
 
@@ -148,6 +172,7 @@ def test_layer_first_step_equals_current_scaling_then_uses_history():
     lin = delayed_layer(base)
     for a, b in zip(run(lin, x, dy), run(cur, x, dy)):
         assert torch.equal(a, b)  # step 0: no history, current scaling
+    assert torch.equal(lin._amax_state.newest_overflow("e5m2"), torch.zeros(2))  # nothing to saturate against
     fp8_step()
     # step 1 with x 8x larger: the delayed scales come from step 0's amaxes, so x and dY saturate
     out = run(lin, 8 * x, 8 * dy)
@@ -158,6 +183,7 @@ def test_layer_first_step_equals_current_scaling_then_uses_history():
     assert st.step == 1 and st.last == [1, 1] and st.use_history == (True, True)
     want_x = (1 << 31) | f32_bits(float((8 * x).abs().max()))
     assert int(st.history[0, 1]) == want_x  # this step's x amax, tagged with step 1
+    assert (st.newest_overflow("e5m2") > 1).all()  # both rings' casts saturated, and say so
 
 
 def test_optimizer_step_ends_the_step_and_micro_batches_share_it():

@@ -367,7 +367,9 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.pool:
         print("\n".join(pooled_tables(args.pool)))
-        print_sampling([json.loads(f.read_text()) for f in args.pool])
+        sets = [json.loads(f.read_text()) for f in args.pool]
+        print_sampling(sets)
+        print_saturation(sets)
         return 0
     args.steps = args.steps or (6 if args.cpu else 200)
     tmp = None
@@ -420,6 +422,7 @@ def main(argv: list[str]) -> int:
     print(f"\n## FP8 quality: {where}, {args.steps} steps, same seed and data; "
           f"wall {time.perf_counter() - t0:.0f} s")
     print("\n".join(table(results)))
+    print_saturation([results])
     if args.seeds:
         for metric, label in METRICS.items():
             print(f"\n## {label}, paired over seeds {args.seeds} (each run against the bf16 run of its seed)")
@@ -436,6 +439,29 @@ def print_sampling(result_sets: list[dict]) -> None:
     if rows:
         print("\n## Held-out rows' share of the pairs' NE spread (runs trained with --eval.save_predictions=true; "
               "standard error over the rows, quality_sampling.py)")
+        print("\n".join(rows))
+
+
+def saturation_table(result_sets: list[dict]) -> list[str]:
+    """Per variant, the delayed-scaling casts its runs found saturated at their log lines (summary.json's
+    `fp8_saturation`, train/fp8_saturation.py): whether the FP8 runs' scales kept up with their values."""
+    by_variant: dict[str, list[dict]] = {}
+    for results in result_sets:
+        for name, s in results.items():
+            if s and s.get("fp8_saturation"):
+                by_variant.setdefault(split_seed(name)[0], []).append(s["fp8_saturation"])
+    rows = ["| variant | runs | casts checked | saturated | max amax / range |", "|---|---|---|---|---|"]
+    for v, sats in by_variant.items():
+        checked, saturated = sum(x["checked_casts"] for x in sats), sum(x["saturated_casts"] for x in sats)
+        rows.append(f"| {v} | {len(sats)} | {checked} | {saturated} ({saturated / checked:.2%}) | "
+                    f"{max(x['max_amax_over_range'] for x in sats):.3g} |")
+    return rows if by_variant else []
+
+
+def print_saturation(result_sets: list[dict]) -> None:
+    rows = saturation_table(result_sets)
+    if rows:
+        print("\n## Delayed scaling: casts saturated (the newest step of every amax ring, checked at each log line)")
         print("\n".join(rows))
 
 

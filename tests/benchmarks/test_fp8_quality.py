@@ -24,7 +24,7 @@ def _load():
 def test_fp8_quality_cpu_mode(tmp_path, capsys):
     mod = _load()
     out = tmp_path / "q.json"
-    names = "bf16,bf16 (repeat),tensorwise,fp8 attention kernel,fp8 attention kernel fwd+bwd"
+    names = "bf16,bf16 (repeat),tensorwise,tensorwise delayed,fp8 attention kernel,fp8 attention kernel fwd+bwd"
     rc = mod.main(["--cpu", "--steps", "3", "--variants", names, "--run-root", str(tmp_path / "runs"),
                    "--json", str(out)])
     assert rc == 0
@@ -44,6 +44,11 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| tensorwise |" in table and "rel. diff" in table and "FAILED" not in table
     assert "click recalibrated NE" in table and "conversion expected NE" in table
+    # only the delayed-scaling run has amax rings to check: one row, its casts counted
+    sat = table[table.index("## Delayed scaling: casts saturated"):].splitlines()
+    assert sat[3].startswith("| tensorwise delayed | 1 | ") and not any(r.startswith("|") for r in sat[4:])
+    assert res["tensorwise delayed"]["fp8_saturation"]["checked_casts"] > 0
+    assert res["tensorwise"]["fp8_saturation"] is None
 
 
 def test_variant_overrides_put_the_policy_in_the_precision_section():

@@ -58,9 +58,10 @@ Weights keep current scaling (small tensors). A step is what lies between two op
 hand (a loop without a ``torch.optim`` optimizer). Within a step the scales stay fixed, so a recomputed
 forward (activation checkpointing) and every micro-batch of a gradient-accumulation step cast with the same
 scale; their amaxes are max-combined and enter the history when the step ends. The first step of a layer
-(no history yet) uses current scaling. Values beyond a delayed scale saturate to the format's max (not
-counted). The history is runtime state: not in the ``state_dict`` (a resumed run starts with one step of
-current scaling), per process (ranks do not share amaxes), only in training mode (eval uses current scaling).
+(no history yet) uses current scaling. Values beyond a delayed scale saturate to the format's max; the trainer
+samples how often at each log line (``AmaxState.newest_overflow``, ``train/fp8_saturation.py``). The history is
+runtime state: not in the ``state_dict`` (a resumed run starts with one step of current scaling), per process
+(ranks do not share amaxes), only in training mode (eval uses current scaling).
 
 ``min_gemm``: a call whose GEMM is smaller than this (tokens x in_features x out_features) runs as bf16
 ``F.linear``, as ``nn.Linear`` would. An FP8 layer's casts and per-call host work cost about 1 ms per

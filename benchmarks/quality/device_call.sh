@@ -67,3 +67,4 @@ if rows:
 PY
 grep -A20 "## FP8 quality" "$OUT/log.txt" | head -20
 grep -A8 "## Held-out rows" "$OUT/log.txt"
+grep -A8 "## Delayed scaling: casts saturated" "$OUT/log.txt"

@@ -402,8 +402,9 @@ class DelayedScale:
     second micro-batch of the same step gets the same scale, and the recorded amax is the max over all of them.
 
     Values beyond the delayed scale's range saturate to the format's max (+-448 for e4m3, +-57344 for e5m2), which
-    the cast does not count (:func:`delayed_overflow_ref` tells afterwards, from the history, whether a step did); a NaN/Inf element gets the NaN code, and a non-finite amax in the history makes the whole
-    tensor NaN for the next ``window`` steps (as current scaling does for a non-finite tensor).
+    the cast does not count (:func:`delayed_overflow_ref` tells afterwards, from the history, whether a step did);
+    a NaN/Inf element gets the NaN code, and a non-finite amax in the history makes the whole tensor NaN for the
+    next ``window`` steps (as current scaling does for a non-finite tensor).
     """
 
     history: torch.Tensor

@@ -62,8 +62,8 @@ class PrecisionPolicy:
     scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
     scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
     needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
-    ``fast_accum`` (``output`` | ``dgrad`` | ``all``): which GEMMs of the tensorwise layers use cuBLAS's fast accumulation
-    (``Fp8Config.fast_accum``).
+    ``fast_accum`` (``output`` | ``dgrad`` | ``all``): which GEMMs of the tensorwise layers use cuBLAS's fast
+    accumulation (``Fp8Config.fast_accum``).
     ``mx_scale`` (``floor`` | ``ceil``): the E8M0 scale rule of ``mxfp8`` layers (``kernels.fp8_linear``).
     ``min_gemm`` (tokens x in x out): FP8 layers run their smaller calls in bf16 (``Fp8Config.min_gemm``; 2e11
     keeps FP8 where it measured faster on an H200)."""
@@ -90,7 +90,7 @@ class PrecisionPolicy:
     scaling: str = "auto"
     amax_history: int = 16
     min_gemm: float = 0  # FP8 layers run bf16 below this tokens x in x out (``Fp8Config.min_gemm``)
-    fast_accum: str = "output"  # tensorwise layers: "dgrad" also the input gradient's GEMM, "all" both backward ones
+    fast_accum: str = "output"  # tensorwise: "dgrad" also the input gradient's GEMM, "all" both backward ones
 
     def __post_init__(self) -> None:
         for kind in FP8_KINDS:

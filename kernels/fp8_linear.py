@@ -540,6 +540,12 @@ class Fp8Linear(nn.Linear):
             st = self._amax_state = AmaxState(c.amax_history, x.device)
         return st
 
+    def delayed_overflow(self) -> torch.Tensor | None:
+        """Whether the newest step of each delayed-scaling ring saturated (``AmaxState.newest_overflow``); None
+        before the layer's first delayed cast."""
+        st = self._amax_state
+        return None if st is None else st.newest_overflow(self.config.grad_format)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise Fp8LinearError(

@@ -28,8 +28,8 @@ class SaturationTally:
     def sample(self, model: nn.Module) -> dict[str, float]:
         """Check the newest step of every delayed-scaling ring in `model`; the log record's fields (none without
         such layers, or before any of them has cast with history)."""
-        rings = [m._amax_state.newest_overflow(m.config.grad_format) for m in model.modules()
-                 if isinstance(m, Fp8Linear) and m._amax_state is not None]
+        layers = [m.delayed_overflow() for m in model.modules() if isinstance(m, Fp8Linear)]
+        rings = [r for r in layers if r is not None]
         if not rings:
             return {}
         ratio = torch.stack(rings).float().cpu()

@@ -16,6 +16,12 @@ def _load():
     return mod
 
 
+def _printed_lines(capsys, *args: str) -> list[str]:
+    """The output lines of one `step_guard.py` run on the demo model (which must succeed)."""
+    assert _load().main(["--tiny", "--rounds", "1", *args]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
 def _costliest_first(lines: list[str], header: str, n: int) -> list[list[str]]:
     """The n rows of the table under `header`, split into cells, after checking they are sorted by ms, descending."""
     start = lines.index(header)
@@ -40,9 +46,7 @@ def test_both_arms_train_with_their_guard_and_the_ratio_is_printed(capsys):
 
 @pytest.mark.timeout(300)
 def test_profile_counts_the_work_of_a_step(capsys):
-    mod = _load()
-    assert mod.main(["--tiny", "--steps", "3", "--rounds", "1", "--no-warmup", "--profile"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _printed_lines(capsys, "--steps", "3", "--no-warmup", "--profile")
     line = next(ln for ln in lines if ln.startswith("per step ("))
     ops, ms = float(line.split(": ")[1].split()[0]), float(line.split("included), ")[1].split()[0])
     assert ops > 100 and ms > 0  # a training step of the demo model runs hundreds of ops
@@ -54,9 +58,7 @@ def test_profile_counts_the_work_of_a_step(capsys):
 
 @pytest.mark.timeout(300)
 def test_host_profile_names_the_functions_a_step_spends_its_host_time_in(capsys):
-    mod = _load()
-    assert mod.main(["--tiny", "--steps", "6", "--rounds", "1", "--no-warmup", "--host-profile"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _printed_lines(capsys, "--steps", "6", "--no-warmup", "--host-profile")
     total = next(ln for ln in lines if ln.startswith("host time per step by function"))
     assert float(total.split("in all")[0].split()[-2]) > 0
     rows = _costliest_first(lines, "| function | calls per step | ms per step | share |", 20)

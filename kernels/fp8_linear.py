@@ -34,9 +34,8 @@ Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward G
 picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
 error (6e-3 relative on a 65536-token weight gradient). Over 167 seed pairs of a 600-step ``gem_medium`` run, each
 FP8 run trained beside its bf16 run, it moved held-out NE by -0.03% (click) and +0.03% (conversion) against bf16,
-standard errors 0.05% and 0.09%; at 1,500 steps (six pairs of one call) by +0.57% and +1.43%, standard errors 0.29%
-and 0.35% (RESULTS.md, "Fifteen hundred steps"). Whether that loss comes from fast accumulation in the weight
-gradient's long sums (which ``"dgrad"`` keeps in full accumulation) or from FP8 itself is not measured yet.
+standard errors 0.05% and 0.09%; at 1,500 steps (21 pairs, four calls) by +0.02% and +0.24%, standard errors 0.22%
+and 0.30% (RESULTS.md, "Fifteen hundred steps, three more calls").
 
 ``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
 448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still

@@ -360,20 +360,24 @@ def clustered_interval(groups: list[list[float]]) -> tuple[float, float, float, 
 
 
 def by_call(result_sets: list[dict[str, dict | None]], labels: list[str], baseline: str = "bf16",
-            metric: str = "ne") -> list[str]:
+            metric: str = "ne", group: str = "call") -> list[str]:
     """Per variant, each call's pairs against the baseline of that call (mean and standard error), then whether
     the calls' means differ by more than their pairs' spread allows: F and its permutation p-value per task, over
     the calls with two pairs or more. A small p says pairs of one call share something that other calls' pairs do
     not; the pooled interval then understates the uncertainty, and the interval with the calls as clusters (every
-    call, also those of one pair) is the one to read."""
-    rows = ["| variant | call | pairs | click: mean rel. diff | s.e. | conversion: mean rel. diff | s.e. |",
+    call, also those of one pair) is the one to read. Calls given one label pool into one group (``group`` names
+    what the labels are: the card each call ran on, say)."""
+    rows = [f"| variant | {group} | pairs | click: mean rel. diff | s.e. | conversion: mean rel. diff | s.e. |",
             "|---|---|---|---|---|---|---|"]
-    per_variant: dict[str, list[tuple[str, dict[str, list[float]]]]] = {}
+    per_variant: dict[str, dict[str, dict[str, list[float]]]] = {}
     for label, results in zip(labels, result_sets):
         for name, d in call_pairs(results, baseline, metric).items():
-            per_variant.setdefault(name, []).append((label, d))
+            merged = per_variant.setdefault(name, {}).setdefault(label, {t: [] for t in TASKS})
+            for t in TASKS:
+                merged[t] += d[t]
     tests = []
-    for name, calls in per_variant.items():
+    for name, by_label in per_variant.items():
+        calls = list(by_label.items())
         for label, d in calls:
             cells = [name, label, str(max(len(x) for x in d.values()))]
             for t in TASKS:
@@ -388,9 +392,16 @@ def by_call(result_sets: list[dict[str, dict | None]], labels: list[str], baseli
                 parts.append(f"{t} F = {f:.2f}, p = {permutation_p(groups):.3f}, with the calls as clusters "
                              f"{m:+.3f}% (s.e. {se:.3f}%, 95% {lo:+.3f}% to {hi:+.3f}%)")
         if parts:
-            tests.append(f"- {name}, {sum(1 for _, d in calls if len(d[TASKS[0]]) >= 2)} calls of two pairs or more: "
-                         + "; ".join(parts))
+            tests.append(f"- {name}, {sum(1 for _, d in calls if len(d[TASKS[0]]) >= 2)} {group}s of two pairs or "
+                         "more: " + "; ".join(parts).replace("the calls as clusters", f"the {group}s as clusters"))
     return rows + ([""] + tests if tests else [])
+
+
+def card_of(results: dict[str, dict | None]) -> str:
+    """The GPU a call's runs recorded (run summary ``software.device_name``), or "not recorded"."""
+    names = {(summary.get("software") or {}).get("device_name") for summary in results.values() if summary}
+    names.discard(None)
+    return ", ".join(sorted(names)) or "not recorded"
 
 
 def one_setup(files: list[Path], sets: list[dict[str, dict | None]]) -> None:
@@ -431,6 +442,10 @@ def pooled_tables(files: list[Path]) -> list[str]:
     if len(calls) > 2:
         rows += ["", "### Pairs of one call, by call (NE): do the calls agree? (F: one-way ANOVA over calls; p: "
                  "2,000 random deals of the pairs to the calls)", *calls]
+    cards = [card_of(results) for results in sets]
+    if len(set(cards) - {"not recorded"}) > 1:
+        rows += ["", "### Pairs by card (NE): do the cards agree? (each file is one call on one card; F and p as "
+                 "above, over the cards)", *by_call(sets, cards, group="card")]
     shift = across_calls(sets, [f.name for f in files])
     if len(shift) > 2:
         rows += ["", "### The same run in two calls (variant and seed alike; NE): the shift between calls", *shift]

@@ -325,4 +325,17 @@ def test_pairs_by_call_say_whether_the_calls_agree(tmp_path, capsys):
     assert rows[-1].startswith("- fast, 2 calls of two pairs or more: click F = ")
     assert "with the calls as clusters +0.000%" in rows[-1]
     assert mod.main(["--pool", *_write_sets(tmp_path, first=first, second=second)]) == 0
-    assert "do the calls agree?" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "do the calls agree?" in out and "Pairs by card" not in out  # no call recorded its card
+    # calls on one card pool into one row; a table by card appears once the files name two cards
+    third = {f"bf16 seed={s}": ev(1.0) for s in range(3, 5)} | {f"fast seed={s}": ev(1.03) for s in range(3, 5)}
+    card = lambda results, name: {run: {**summary, "software": {"device_name": name}} for run, summary in results.items()}
+    sets = [card(first, "H100"), card(second, "H200"), card(third, "H100")]
+    assert stats.card_of(sets[0]) == "H100" and stats.card_of(first) == "not recorded"
+    rows = stats.by_call(sets, [stats.card_of(s) for s in sets], group="card")
+    assert rows[0].startswith("| variant | card | pairs |")
+    assert rows[2].split(" | ")[1:4] == ["H100", "5", "+1.920%"]  # (1.0 + 1.2 + 1.4 + 3 + 3) / 5
+    assert rows[3].split(" | ")[1:4] == ["H200", "3", "-1.200%"]
+    assert rows[-1].startswith("- fast, 2 cards of two pairs or more: ") and "the cards as clusters" in rows[-1]
+    assert mod.main(["--pool", *_write_sets(tmp_path, first=sets[0], second=sets[1], third=sets[2])]) == 0
+    assert "### Pairs by card (NE)" in capsys.readouterr().out

@@ -450,11 +450,19 @@ def saturation_table(result_sets: list[dict]) -> list[str]:
         for name, s in results.items():
             if s and s.get("fp8_saturation"):
                 by_variant.setdefault(split_seed(name)[0], []).append(s["fp8_saturation"])
-    rows = ["| variant | runs | casts checked | saturated | max amax / range |", "|---|---|---|---|---|"]
+    rows = ["| variant | runs | casts saturated | x (forward) | dY (backward) | max amax / range |",
+            "|---|---|---|---|---|---|"]
+
+    def share(sats: list[dict], ring: str = "") -> str:  # "" for runs that kept no per-ring counts
+        if ring and not all(f"checked_{ring}" in x for x in sats):
+            return "not kept"
+        checked, saturated = (sum(x[f"{k}_{ring}" if ring else f"{k}_casts"] for x in sats)
+                              for k in ("checked", "saturated"))
+        return f"{saturated} of {checked} ({saturated / checked:.2%})" if checked else "none checked"
+
     for v, sats in by_variant.items():
-        checked, saturated = sum(x["checked_casts"] for x in sats), sum(x["saturated_casts"] for x in sats)
-        rows.append(f"| {v} | {len(sats)} | {checked} | {saturated} ({saturated / checked:.2%}) | "
-                    f"{max(x['max_amax_over_range'] for x in sats):.3g} |")
+        rows.append(f"| {v} | {len(sats)} | {share(sats)} | "
+                    f"{share(sats, 'x')} | {share(sats, 'dy')} | {max(x['max_amax_over_range'] for x in sats):.3g} |")
     return rows if by_variant else []
 
 

@@ -48,6 +48,10 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     sat = table[table.index("## Delayed scaling: casts saturated"):].splitlines()
     assert sat[3].startswith("| tensorwise delayed | 1 | ") and not any(r.startswith("|") for r in sat[4:])
     assert res["tensorwise delayed"]["fp8_saturation"]["checked_casts"] > 0
+    # all, x and dY casts as "N of M (P%)": each ring checked, the rings' counts summing to the run's
+    checked = [int(c.split(" of ")[1].split()[0]) for c in sat[3].strip("| ").split(" | ")[2:5]]
+    assert checked[0] == res["tensorwise delayed"]["fp8_saturation"]["checked_casts"] == checked[1] + checked[2]
+    assert min(checked[1:]) > 0
     assert res["tensorwise"]["fp8_saturation"] is None
 
 

@@ -32,12 +32,30 @@ def test_tally_counts_saturated_casts_of_the_newest_step():
     step(model, x)
     rec = tally.sample(model)  # the same data again: inside the range of the scales from step 0
     assert rec["fp8/saturated_casts"] == 0.0 and 0 < rec["fp8/amax_over_range"] <= 1
+    assert rec["fp8/saturated_casts_x"] == rec["fp8/saturated_casts_dy"] == 0.0
     step(model, 8 * x)  # 8x the amax of every earlier step: x and dY casts of both layers saturate
     rec = tally.sample(model)
     assert rec["fp8/saturated_casts"] == 1.0 and rec["fp8/amax_over_range"] > 1
+    assert rec["fp8/saturated_casts_x"] == rec["fp8/saturated_casts_dy"] == 1.0
     assert (tally.checked, tally.saturated) == (8, 4)  # two log lines x two layers x (x, dY)
     assert tally.summary() == {"checked_casts": 8, "saturated_casts": 4, "saturated_share": 0.5,
-                               "max_amax_over_range": pytest.approx(rec["fp8/amax_over_range"])}
+                               "max_amax_over_range": pytest.approx(rec["fp8/amax_over_range"]),
+                               "checked_x": 4, "saturated_x": 2, "checked_dy": 4, "saturated_dy": 2}
+
+
+def test_tally_tells_the_forward_ring_from_the_gradient_ring():
+    """Values outgrowing their scale in the backward only (a loss scaled 8x): the dY rings saturate, x rings not."""
+    torch.manual_seed(0)
+    model, tally = delayed_model(), SaturationTally()
+    x = torch.randn(16, 32)
+    step(model, x)
+    step(model, x)
+    model(x).square().sum().mul(8).backward()
+    fp8_step()
+    rec = tally.sample(model)
+    assert rec["fp8/saturated_casts_x"] == 0.0 and rec["fp8/saturated_casts_dy"] == 1.0
+    assert rec["fp8/saturated_casts"] == 0.5
+    assert tally.summary()["saturated_x"] == 0 and tally.summary()["saturated_dy"] == 2
 
 
 def test_run_records_saturation_with_delayed_fp8_layers_only(tiny_cfg, tmp_path):

@@ -389,11 +389,11 @@ def by_call(result_sets: list[dict[str, dict | None]], labels: list[str], baseli
             f = between_calls_f(groups)
             m, se, lo, hi = clustered_interval([d[t] for _, d in calls])
             if math.isfinite(f):
-                parts.append(f"{t} F = {f:.2f}, p = {permutation_p(groups):.3f}, with the calls as clusters "
+                parts.append(f"{t} F = {f:.2f}, p = {permutation_p(groups):.3f}, with the {group}s as clusters "
                              f"{m:+.3f}% (s.e. {se:.3f}%, 95% {lo:+.3f}% to {hi:+.3f}%)")
         if parts:
             tests.append(f"- {name}, {sum(1 for _, d in calls if len(d[TASKS[0]]) >= 2)} {group}s of two pairs or "
-                         "more: " + "; ".join(parts).replace("the calls as clusters", f"the {group}s as clusters"))
+                         "more: " + "; ".join(parts))
     return rows + ([""] + tests if tests else [])
 
 

@@ -21,13 +21,19 @@ RINGS = ("x", "dy")  # each layer's two rings: the forward's input casts (e4m3),
 
 @dataclass
 class SaturationTally:
-    """Casts checked and saturated so far, in total and per ring (x: activations, dy: output gradients), and the
-    largest overflow seen (amax over the scale's range)."""
+    """Casts checked and saturated so far per ring (x: activations, dy: output gradients), and the largest
+    overflow seen (amax over the scale's range)."""
 
-    checked: int = 0
-    saturated: int = 0
-    worst: float = 0.0
     by_ring: dict[str, list[int]] = field(default_factory=lambda: {r: [0, 0] for r in RINGS})  # [checked, saturated]
+    worst: float = 0.0
+
+    @property
+    def checked(self) -> int:
+        return sum(c for c, _ in self.by_ring.values())
+
+    @property
+    def saturated(self) -> int:
+        return sum(s for _, s in self.by_ring.values())
 
     def sample(self, model: nn.Module) -> dict[str, float]:
         """Check the newest step of every delayed-scaling ring in `model`; the log record's fields (none without
@@ -36,24 +42,22 @@ class SaturationTally:
         rings = [r for r in layers if r is not None]
         if not rings:
             return {}
-        ratio = torch.stack(rings).float().cpu()  # [layers, 2]: x, dy
-        live = ratio > 0  # 0: that ring's step had no history (current scaling) or no finite amax
-        if not live.any():
-            return {}
+        # [layers, 2]: x, dy; 0 where that ring's step had no history (current scaling) or no finite amax
+        ratio = torch.stack(rings).float().cpu()
         rec: dict[str, float] = {}
+        checked = saturated = 0
         for i, ring in enumerate(RINGS):
-            r = ratio[:, i][live[:, i]]
+            r = ratio[:, i][ratio[:, i] > 0]
             if r.numel():
                 over = int((r > 1).sum())
                 self.by_ring[ring][0] += r.numel()
                 self.by_ring[ring][1] += over
+                checked, saturated = checked + r.numel(), saturated + over
                 rec[f"fp8/saturated_casts_{ring}"] = over / r.numel()
-        ratio = ratio[live]
-        saturated = int((ratio > 1).sum())
-        self.checked += ratio.numel()
-        self.saturated += saturated
+        if not checked:
+            return {}
         self.worst = max(self.worst, float(ratio.max()))
-        return {"fp8/saturated_casts": saturated / ratio.numel(), "fp8/amax_over_range": float(ratio.max()), **rec}
+        return {"fp8/saturated_casts": saturated / checked, "fp8/amax_over_range": float(ratio.max()), **rec}
 
     def summary(self) -> dict[str, float] | None:
         """For summary.json: the share of checked casts that saturated, over the run's log lines (in total and per

@@ -40,6 +40,7 @@ from kernels.attention_triton_common import (
     kv_range,
     load_rows,
     load_times,
+    row_extent,
     smem_prune,
     stream_tile,
     unmasked_kv_end,
@@ -241,18 +242,12 @@ def jagged_attn_fp8_fwd_kernel(
     if row < 0:
         return
     mblk = tl.load(WORK + 2 * item + 1)
-    q_start = tl.load(QO + row).to(tl.int64)
-    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
-    kv_start = tl.load(KO + row).to(tl.int64)
-    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    q_start, q_len, kv_start, kv_len, hist_end = row_extent(QO, KO, NT, row, HAS_NT)
     qb0 = tl.load(QBO + row).to(tl.int64)  # first scale block of this row
     kb0 = tl.load(KBO + row).to(tl.int64)
     vt_start = kv_start  # where this row's V codes start: a token, or a column of the transposed codes
     if V_TRANSPOSED:
         vt_start = tl.load(VTO + row).to(tl.int64)
-    hist_end = kv_len
-    if HAS_NT:
-        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
 
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)

@@ -41,6 +41,7 @@ from kernels.attention_triton_common import (
     load_times,
     load_vec,
     q_range,
+    row_extent,
     score_grads,
     score_scales,
     stream_rows,
@@ -277,13 +278,7 @@ def jagged_attn_bwd_dkdv_kernel(
     if row < 0:
         return
     nblk = tl.load(WORK + 2 * item + 1)
-    q_start = tl.load(QO + row).to(tl.int64)
-    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
-    kv_start = tl.load(KO + row).to(tl.int64)
-    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
-    hist_end = kv_len
-    if HAS_NT:
-        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+    q_start, q_len, kv_start, kv_len, hist_end = row_extent(QO, KO, NT, row, HAS_NT)
     shift = kv_len - q_len
     stride_t: tl.constexpr = H * HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
@@ -422,13 +417,7 @@ def jagged_attn_bwd_dq_kernel(
     if row < 0:
         return
     mblk = tl.load(WORK + 2 * item + 1)
-    q_start = tl.load(QO + row).to(tl.int64)
-    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
-    kv_start = tl.load(KO + row).to(tl.int64)
-    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
-    hist_end = kv_len
-    if HAS_NT:
-        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+    q_start, q_len, kv_start, kv_len, hist_end = row_extent(QO, KO, NT, row, HAS_NT)
     shift = kv_len - q_len
     stride_t: tl.constexpr = H * HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM

@@ -179,6 +179,20 @@ def smem_prune(inner: str, outer: str):
 
 
 @triton.jit
+def row_extent(QO, KO, NT, row, HAS_NT: tl.constexpr):
+    """Where jagged row ``row`` lies: (first query token, query length, first KV token, KV length, end of its
+    history, the keys before its ``NT`` target tokens; ``kv_len`` without targets). Token starts are int64."""
+    q_start = tl.load(QO + row).to(tl.int64)
+    q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
+    kv_start = tl.load(KO + row).to(tl.int64)
+    kv_len = (tl.load(KO + row + 1) - kv_start).to(tl.int32)
+    hist_end = kv_len
+    if HAS_NT:
+        hist_end = kv_len - tl.load(NT + row).to(tl.int32)
+    return q_start, q_len, kv_start, kv_len, hist_end
+
+
+@triton.jit
 def score_scales(scale, ACT: tl.constexpr):
     """(factor of q·k, factor of the bias): softmax runs in base 2 (exp2), pointwise activations in base e."""
     if ACT == 0:

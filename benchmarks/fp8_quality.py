@@ -453,12 +453,14 @@ def saturation_table(result_sets: list[dict]) -> list[str]:
     rows = ["| variant | runs | casts saturated | x (forward) | dY (backward) | max amax / range |",
             "|---|---|---|---|---|---|"]
 
-    def share(sats: list[dict], ring: str = "") -> str:  # "" for runs that kept no per-ring counts
-        if ring and not all(f"checked_{ring}" in x for x in sats):
+    def share(sats: list[dict], ring: str = "") -> str:  # ring "": all casts; "x" / "dy": one ring's casts
+        kept = [x for x in sats if not ring or f"checked_{ring}" in x]  # older runs kept totals only
+        if not kept:
             return "not kept"
-        checked, saturated = (sum(x[f"{k}_{ring}" if ring else f"{k}_casts"] for x in sats)
+        checked, saturated = (sum(x[f"{k}_{ring}" if ring else f"{k}_casts"] for x in kept)
                               for k in ("checked", "saturated"))
-        return f"{saturated} of {checked} ({saturated / checked:.2%})" if checked else "none checked"
+        text = f"{saturated} of {checked} ({saturated / checked:.2%})" if checked else "none checked"
+        return text if len(kept) == len(sats) else f"{text}; {len(kept)} of {len(sats)} runs"
 
     for v, sats in by_variant.items():
         rows.append(f"| {v} | {len(sats)} | {share(sats)} | "

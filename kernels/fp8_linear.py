@@ -32,10 +32,8 @@ gradient fast too (its sums run over the layer's width), keeping the weight grad
 full accumulation; ``"all"`` runs all three fast.
 Measured on an H100 (benchmarks/RESULTS.md, "fast accumulation in the backward GEMMs"): inside the layer cuBLAS then
 picks faster backward algorithms, 2-4% of the layer's forward+backward, at 4-60x the backward GEMMs' accumulation
-error (6e-3 relative on a 65536-token weight gradient). Over 167 seed pairs of a 600-step ``gem_medium`` run, each
-FP8 run trained beside its bf16 run, it moved held-out NE by -0.03% (click) and +0.03% (conversion) against bf16,
-standard errors 0.05% and 0.09%; at 1,500 steps (21 pairs, four calls) by +0.02% and +0.24%, standard errors 0.22%
-and 0.30% (RESULTS.md, "Fifteen hundred steps, three more calls").
+error (6e-3 relative on a 65536-token weight gradient). Its held-out NE in ``gem_medium`` training, each FP8 run
+against a bf16 run of its seed: RESULTS.md, "Targets at a glance".
 
 ``mx_scale`` (mxfp8 only): the E8M0 scale rule, ``"floor"`` (the OCP spec's, which saturates a block's values above
 448 times its scale, up to 12.5%) or ``"ceil"`` (the exponent rounded up where the floor would saturate: still

@@ -73,9 +73,8 @@ class PrecisionPolicy:
     # round, and 2026-12-03): "tensorwise" with delayed scaling (what "auto" gives it), 1.44-1.48x bf16 over the
     # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); on an H100 with wgrad="recipe",
     # 1.36-1.41x, and 1.38-1.43x with fast_accum="all" (1.37x with "dgrad"). Interaction-sized layers lose in FP8
-    # (0.12-0.22x, host-bound). Held-out NE over 51 seed pairs (H100, 600 steps, tensorwise delayed): +0.04%
-    # click, -0.19% conversion against bf16, standard errors 0.06% and 0.13%; fast_accum="all": -0.03% / +0.03%
-    # over 167 pairs, +0.02% / +0.24% over 21 pairs of 1,500 steps (configs/gem_medium.yaml shows the policy).
+    # (0.12-0.22x, host-bound). Held-out NE against bf16, with and without fast accumulation: benchmarks/RESULTS.md,
+    # "Targets at a glance" (configs/gem_medium.yaml shows the policy).
     attention: str = "bf16"
     mlp: str = "bf16"
     interaction: str = "bf16"

@@ -55,6 +55,18 @@ def test_fp8_quality_cpu_mode(tmp_path, capsys):
     assert res["tensorwise"]["fp8_saturation"] is None
 
 
+def test_saturation_table_reads_per_ring_counts_over_the_runs_that_kept_them():
+    mod = _load()
+    older = {"checked_casts": 10, "saturated_casts": 1, "max_amax_over_range": 2.0}  # totals only
+    newer = {"checked_casts": 20, "saturated_casts": 4, "checked_x": 10, "saturated_x": 1, "checked_dy": 10,
+             "saturated_dy": 3, "max_amax_over_range": 5.0}
+    mixed = {"fast seed=1": {"fp8_saturation": older}, "fast seed=2": {"fp8_saturation": newer}}
+    row = mod.saturation_table([mixed])[2]
+    assert row == "| fast | 2 | 5 of 30 (16.67%) | 1 of 10 (10.00%); 1 of 2 runs | 3 of 10 (30.00%); 1 of 2 runs | 5 |"
+    row = mod.saturation_table([{"fast seed=1": {"fp8_saturation": older}}])[2]
+    assert row == "| fast | 1 | 1 of 10 (10.00%) | not kept | not kept | 2 |"
+
+
 def test_variant_overrides_put_the_policy_in_the_precision_section():
     mod = _load()
     ov = mod.variant_overrides("blockwise wgrad=bf16", 7, None, cpu=True, extra=["--train.seed=3"])

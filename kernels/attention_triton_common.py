@@ -180,8 +180,8 @@ def smem_prune(inner: str, outer: str):
 
 @triton.jit
 def row_extent(QO, KO, NT, row, HAS_NT: tl.constexpr):
-    """Where jagged row ``row`` lies: (first query token, query length, first KV token, KV length, end of its
-    history, the keys before its ``NT`` target tokens; ``kv_len`` without targets). Token starts are int64."""
+    """Where jagged row ``row`` lies: first query token, query length, first KV token, KV length (token starts
+    int64), and ``hist_end``, the KV length less the row's ``NT`` target tokens (the KV length without them)."""
     q_start = tl.load(QO + row).to(tl.int64)
     q_len = (tl.load(QO + row + 1) - q_start).to(tl.int32)
     kv_start = tl.load(KO + row).to(tl.int64)

@@ -10,6 +10,10 @@ removed a shared-memory round trip, added spills, or kept the tensor-core ops.
     python benchmarks/kernel_resources.py                      # batch-A-like call: causal softmax, D=128
     python benchmarks/kernel_resources.py mask=window:256 act=silu d=64 bias=1 dtype=fp16
     python benchmarks/kernel_resources.py precision=fp8            # FP8 forward and FP8 score products backward
+    KERNEL_RESOURCES_DUMP=DIR python benchmarks/kernel_resources.py  # also writes each kernel's TTGIR and PTX
+
+The dumps carry no source locations: a refactor that compiles to the same code leaves them unchanged, so
+``diff -r BEFORE AFTER`` of two dumps tells, without a GPU, whether it did.
 
 Needs the Triton the GPU machine runs (its ptxas and the kernels' source), not a GPU: the script installs
 a stand-in driver that reports an sm_90 target. Set GEMTRAIN_ATTN_AUTOTUNE=0 (the default here) so each
@@ -181,7 +185,22 @@ def main(argv: list[str]) -> None:
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
             for ext in ("ttgir", "ptx"):
-                (Path(dump) / f"{md.name}.{ext}").write_text(c.asm[ext])
+                (Path(dump) / f"{md.name}.{ext}").write_text(without_locations(c.asm[ext], ext))
+
+
+def without_locations(text: str, ext: str) -> str:
+    """TTGIR or PTX without source locations and debug info, so that two dumps of one kernel differ only where
+    its code does (a refactor that moves source lines, or code into a helper, leaves the dump unchanged)."""
+    if ext == "ptx":
+        text = text.split("\t.section\t.debug", 1)[0]
+        drop = re.compile(r"\s*\.(loc|file)\s|\$L__tmp\d+:$")
+    else:
+        while "callsite(" in text:  # inlined helpers nest callsite(... at ...) inside loc(...)
+            text = re.sub(r"callsite\([^()]*\)", "#loc", text)
+        text = re.sub(r'"[^"]*"\(#loc\d*\)', "#loc", text)  # named locations: loc("Q"(#loc))
+        text = re.sub(r" loc\([^()]*\)", "", text)
+        drop = re.compile(r"#loc")
+    return "\n".join(line for line in text.splitlines() if not drop.match(line)) + "\n"
 
 
 if __name__ == "__main__":

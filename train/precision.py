@@ -72,7 +72,7 @@ class PrecisionPolicy:
     # attention_kernel) changes nothing else. Fastest measured on an H200 (benchmarks/RESULTS.md, FP8 fifth
     # round, and 2026-12-03): "tensorwise" with delayed scaling (what "auto" gives it), 1.44-1.48x bf16 over the
     # gem_medium MLP's two linears (current scaling 1.31x, blockwise 1.15x); on an H100 with wgrad="recipe",
-    # 1.36-1.41x, and 1.38-1.43x with fast_accum="all" (1.37x with "dgrad"). Interaction-sized layers lose in FP8
+    # 1.36-1.41x, and 1.38-1.43x with fast_accum="all" (1.37-1.41x with "dgrad"). Interaction-sized layers lose in FP8
     # (0.12-0.22x, host-bound). Held-out NE against bf16, with and without fast accumulation: benchmarks/RESULTS.md,
     # "Targets at a glance" (configs/gem_medium.yaml shows the policy).
     attention: str = "bf16"

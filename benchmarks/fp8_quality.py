@@ -88,6 +88,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "tensorwise delayed": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe", "scaling": "delayed"},
     "tensorwise delayed fast accum": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
                                       "scaling": "delayed", "fast_accum": "all"},
+    "tensorwise delayed fast accum dY margin": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
+                                               "scaling": "delayed", "fast_accum": "all", "grad_margin": 4},
     "tensorwise delayed fast dgrad": {"attention": "tensorwise", "mlp": "tensorwise", "wgrad": "recipe",
                                       "scaling": "delayed", "fast_accum": "dgrad"},
     "rowwise": {"attention": "rowwise", "mlp": "rowwise", "wgrad": "recipe"},

@@ -35,11 +35,13 @@ class AmaxState:
     ``begin()`` (each training forward) starts a new step when an optimizer step (or :func:`fp8_step`) came since
     the last forward, and decides once per step whether each ring has history in the window: every cast of that
     step (first forward, recomputed forward, backward, further micro-batches) then takes the same path and, with
-    history, the same scale. Host counters only: no device op and no sync."""
+    history, the same scale. Host counters only: no device op and no sync. ``margins``: each ring's headroom in
+    binades (``DelayedScale.margin``)."""
 
-    def __init__(self, window: int, device: torch.device):
+    def __init__(self, window: int, device: torch.device, margins: tuple[int, int] = (0, 0)):
         self.window = window
         self.device = device
+        self.margins = margins
         self.history = mx.new_amax_history(window, device, rows=2)
         self.rows = (self.history[0], self.history[1])
         self.step = 0
@@ -61,14 +63,14 @@ class AmaxState:
         marks the ring written in ``step``."""
         last = self.last[row]
         self.last[row] = step if last is None or last < step else last
-        return mx.DelayedScale(self.rows[row], step, self.window, use_history)
+        return mx.DelayedScale(self.rows[row], step, self.window, use_history, self.margins[row])
 
     def newest_overflow(self, grad_format: str) -> torch.Tensor:
         """[2] fp32, per ring (x in e4m3, dY in ``grad_format``): :func:`kernels.mx.delayed_overflow_ref` of the
         newest step it recorded (above 1: that step's cast saturated), 0 for a ring with none. No sync."""
-        out = [mx.delayed_overflow_ref(ring, t, self.window, fmt) if t is not None
+        out = [mx.delayed_overflow_ref(ring, t, self.window, fmt, margin) if t is not None
                else torch.zeros((), device=ring.device)
-               for ring, t, fmt in zip(self.rows, self.last, ("e4m3", grad_format))]
+               for ring, t, fmt, margin in zip(self.rows, self.last, ("e4m3", grad_format), self.margins)]
         return torch.stack(out)
 
 __all__ = ["AmaxState", "fp8_step", "register_step_hook"]

@@ -56,7 +56,9 @@ hand (a loop without a ``torch.optim`` optimizer). Within a step the scales stay
 forward (activation checkpointing) and every micro-batch of a gradient-accumulation step cast with the same
 scale; their amaxes are max-combined and enter the history when the step ends. The first step of a layer
 (no history yet) uses current scaling. Values beyond a delayed scale saturate to the format's max; the trainer
-samples how often at each log line (``AmaxState.newest_overflow``, ``train/fp8_saturation.py``). The history is
+samples how often at each log line (``AmaxState.newest_overflow``, ``train/fp8_saturation.py``). dY's amax
+outgrows its window far more often than x's, and ``grad_margin`` gives dY's delayed scale that many binades of
+headroom, nearly free in e5m2 (it loses as many binades at the bottom of the format's 32). The history is
 runtime state: not in the ``state_dict`` (a resumed run starts with one step of current scaling), per process
 (ranks do not share amaxes), only in training mode (eval uses current scaling).
 
@@ -112,6 +114,7 @@ class Fp8Config:
     grad_format: str = "e5m2"  # tensorwise: element format of dY (one scale spans the whole tensor)
     scaling: str = "current"  # tensorwise: "current" or "delayed" (x and dY; see the module docstring)
     amax_history: int = 16  # delayed scaling: the scale is the max amax of this many earlier steps
+    grad_margin: int = 0  # delayed scaling: dY's scale covers 2**grad_margin x its history's amax (0-6)
     min_gemm: float = 0  # calls with tokens x in x out below this run bf16 F.linear (see the module docstring)
     fast_accum: str = "output"  # tensorwise: GEMMs with fast accumulation, "output", "dgrad" or "all" (module doc)
 
@@ -122,6 +125,11 @@ class Fp8Config:
             raise Fp8LinearError(f"Fp8Config.scaling must be one of {SCALINGS}, got {self.scaling!r}")
         if not isinstance(self.amax_history, int) or isinstance(self.amax_history, bool) or self.amax_history < 1:
             raise Fp8LinearError(f"Fp8Config.amax_history must be an int >= 1 (steps), got {self.amax_history!r}")
+        if not isinstance(self.grad_margin, int) or isinstance(self.grad_margin, bool) or not 0 <= self.grad_margin <= 6:
+            raise Fp8LinearError(f"Fp8Config.grad_margin must be an int in 0..6 (binades), got {self.grad_margin!r}")
+        if self.grad_margin and self.scaling != "delayed":
+            raise Fp8LinearError("Fp8Config: grad_margin is a delayed-scaling option; use scaling='delayed' or "
+                                 "grad_margin=0")
         if self.scaling == "delayed" and self.recipe not in ("tensorwise", "bf16"):
             raise Fp8LinearError(
                 f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
@@ -532,9 +540,10 @@ class Fp8Linear(nn.Linear):
         if c.scaling != "delayed" or c.recipe != "tensorwise" or not self.training:
             return None
         st = self._amax_state
-        if st is None or st.device != x.device or st.window != c.amax_history:
+        margins = (0, c.grad_margin)
+        if st is None or st.device != x.device or st.window != c.amax_history or st.margins != margins:
             register_step_hook()
-            st = self._amax_state = AmaxState(c.amax_history, x.device)
+            st = self._amax_state = AmaxState(c.amax_history, x.device, margins)
         return st
 
     def delayed_overflow(self) -> torch.Tensor | None:
@@ -580,5 +589,6 @@ class Fp8Linear(nn.Linear):
     def extra_repr(self) -> str:
         c = self.config
         extra = f", scaling=delayed (history {c.amax_history})" if c.scaling == "delayed" else ""
+        extra += f", grad_margin={c.grad_margin}" if c.grad_margin else ""
         extra += f", min_gemm={c.min_gemm:g}" if c.min_gemm else ""
         return f"{super().extra_repr()}, recipe={c.recipe}, wgrad={c.wgrad}, emulate={c.emulate}{extra}"

@@ -405,12 +405,17 @@ class DelayedScale:
     the cast does not count (:func:`delayed_overflow_ref` tells afterwards, from the history, whether a step did);
     a NaN/Inf element gets the NaN code, and a non-finite amax in the history makes the whole tensor NaN for the
     next ``window`` steps (as current scaling does for a non-finite tensor).
+
+    ``margin`` (binades, 0-6): headroom of a scale taken from the history: it covers ``2**margin`` times the
+    history's amax, so a step whose amax outgrows its window by less than that does not saturate; it costs the
+    same number of binades at the bottom of the format's range (cheap for e5m2's 32).
     """
 
     history: torch.Tensor
     step: int
     window: int
     use_history: bool
+    margin: int = 0
 
 
 def new_amax_history(window: int, device: Any = None, rows: int = 1) -> torch.Tensor:
@@ -427,12 +432,15 @@ def tensorwise_history_amax_ref(history: torch.Tensor, step: int, window: int) -
     return torch.where(ok, history & 0x7FFFFFFF, torch.zeros_like(history)).amax().to(torch.int32)
 
 
-def delayed_overflow_ref(history: torch.Tensor, step: int, window: int, fmt: str = "e4m3") -> torch.Tensor:
-    """How far the amax recorded for ``step`` went beyond the range of the delayed scale that step cast with:
-    amax / (format max x scale), a 0-dim fp32 tensor. Above 1, values beyond the range saturated to the format's
-    max; 0 where ``step`` cast with current scaling (no history in its window) or recorded no amax, and where an
-    amax is not finite (its codes are NaN, not saturated). Device ops only: no sync."""
+def delayed_overflow_ref(history: torch.Tensor, step: int, window: int, fmt: str = "e4m3",
+                         margin: int = 0) -> torch.Tensor:
+    """How far the amax recorded for ``step`` went beyond the range of the delayed scale that step cast with
+    (``margin`` as in :class:`DelayedScale`): amax / (format max x scale), a 0-dim fp32 tensor. Above 1, values
+    beyond the range saturated to the format's max; 0 where ``step`` cast with current scaling (no history in its
+    window) or recorded no amax, and where an amax is not finite (its codes are NaN, not saturated). Device ops
+    only: no sync."""
     _, fmax, emax = _fmt(fmt, "delayed_overflow_ref")
+    emax -= margin
     prior = tensorwise_history_amax_ref(history, step, window)
     slot = history[step % history.shape[0]]
     own = torch.where((slot >> _STEP_SHIFT) == step, slot & 0x7FFFFFFF, torch.zeros_like(slot)).to(torch.int32)
@@ -485,8 +493,11 @@ def quantize_tensorwise_ref(x: torch.Tensor, axis: int = 1, fmt: str = "e4m3",
     else:
         _, _, emax = _fmt(fmt, "quantize_tensorwise_ref")
         cur = _amax_bits_ref(x)
-        src = tensorwise_history_amax_ref(delayed.history, delayed.step, delayed.window) \
-            if delayed.use_history else cur
+        if delayed.use_history:
+            src = tensorwise_history_amax_ref(delayed.history, delayed.step, delayed.window)
+            emax -= delayed.margin
+        else:
+            src = cur
         inv, sbits, bad = _scale_bits_ref(src, e8m0=False, emax=emax)
         _record_amax_ref(delayed.history, delayed.step, cur)
     m = x if axis == 1 else x.t()
@@ -503,7 +514,8 @@ def _tensorwise_triton(x: torch.Tensor, row: bool, col: bool, fmt: str, col_sums
         return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums)
     return mx_triton_tensorwise.quantize_tensorwise(x, row, col, fmt, col_sums=col_sums, history=delayed.history,
                                                     step=delayed.step, window=delayed.window,
-                                                    use_history=delayed.use_history, act=act, act_input=act_input)
+                                                    use_history=delayed.use_history, margin=delayed.margin, act=act,
+                                                    act_input=act_input)
 
 
 # Activations a tensorwise cast can apply to what it reads (kernel code): the GELU (exact, erf) of x, and the

@@ -236,16 +236,16 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
                         tiles: tuple[int, int, int] | None = None, col_sums: bool = False,
                         history: torch.Tensor | None = None, step: int = 0, window: int = 0,
                         use_history: bool = False, row_step: int | None = None, act: int = 0,
-                        act_input: torch.Tensor | None = None):
+                        act_input: torch.Tensor | None = None, margin: int = 0):
     """Tensorwise quantize. Returns ((q [R, Cp], scale [], (R, C)) | None, (qt [C, Rp], scale [], (C, R)) | None),
     Cp/Rp rounded up to 16 (zero padding); with ``col_sums`` a third item, the fp32 column sums of ``x``
     (summed by the pass that reads ``x`` first).
 
     ``history`` (int64 [window + 1] ring, see kernels.mx.DelayedScale): the cast records this tensor's amax for
     ``step``; with ``use_history`` the scale comes from the ring (one pass over ``x``, no amax pass), else from
-    an amax pass as in current scaling. A recording cast loops over row tiles (``row_step`` programs along the
-    rows; default: about ``TENSORWISE_CAST_PROGRAMS`` in all on a GPU, ``TENSORWISE_COLSUM_PROGRAMS`` with
-    column sums, half the row tiles on CPU).
+    an amax pass as in current scaling; ``margin`` binades of headroom on a scale from the ring. A recording
+    cast loops over row tiles (``row_step`` programs along the rows; default: about ``TENSORWISE_CAST_PROGRAMS``
+    in all on a GPU, ``TENSORWISE_COLSUM_PROGRAMS`` with column sums, half the row tiles on CPU).
 
     ``act`` (delayed scaling with history only: the one pass computes the activation): 1 quantizes ``gelu(x)``,
     2 quantizes ``x * gelu'(act_input)`` (x the gradient of the GELU's output, ``act_input`` its input, same
@@ -257,6 +257,8 @@ def quantize_tensorwise(x: torch.Tensor, row: bool, col: bool, fmt: str,
     cp, rp = _ceil_to(c, TENSORWISE_PAD), _ceil_to(r, TENSORWISE_PAD)
     record = history is not None
     delayed = record and use_history
+    if delayed:
+        emax -= margin  # the scale covers 2**margin x the history's amax
     if act and not delayed:
         raise ValueError("quantize_tensorwise: act needs delayed scaling with history (no amax pass to fuse into)")
     if act == 2 and (act_input is None or act_input.shape != x.shape or act_input.stride() != x.stride()

@@ -58,10 +58,11 @@ class PrecisionPolicy:
     """Recipe per module kind (``mxfp8`` | ``blockwise`` | ``rowwise`` | ``tensorwise`` | ``bf16``),
     weight-gradient precision (``recipe`` | ``bf16`` | ``fp32``) and the kinds that must stay high precision.
     ``grad_format`` (``e5m2`` | ``e4m3``): the element format of dY in the tensorwise recipe.
-    ``scaling`` (``auto`` | ``current`` | ``delayed``) and ``amax_history`` (steps): the tensorwise recipe's
-    scaling of x and dY (``kernels.fp8_linear``). ``auto`` (the default) gives the tensorwise layers delayed
-    scaling, the faster of the two, and every other recipe current scaling; ``delayed`` asks for it explicitly and
-    needs every FP8 kind in ``tensorwise``; ``current`` keeps the tensorwise layers on an amax pass per cast.
+    ``scaling`` (``auto`` | ``current`` | ``delayed``), ``amax_history`` (steps) and ``grad_margin`` (binades
+    of headroom on dY's delayed scale, 0-6): the tensorwise recipe's scaling of x and dY (``kernels.fp8_linear``).
+    ``auto`` (the default) gives the tensorwise layers delayed scaling, the faster of the two, and every other
+    recipe current scaling; ``delayed`` asks for it explicitly and needs every FP8 kind in ``tensorwise``;
+    ``current`` keeps the tensorwise layers on an amax pass per cast.
     ``fast_accum`` (``output`` | ``dgrad`` | ``all``): which GEMMs of the tensorwise layers use cuBLAS's fast
     accumulation (``Fp8Config.fast_accum``).
     ``mx_scale`` (``floor`` | ``ceil``): the E8M0 scale rule of ``mxfp8`` layers (``kernels.fp8_linear``).
@@ -88,6 +89,7 @@ class PrecisionPolicy:
     grad_format: str = "e5m2"
     scaling: str = "auto"
     amax_history: int = 16
+    grad_margin: int = 0  # delayed scaling: binades of headroom on dY's scale (``Fp8Config.grad_margin``)
     min_gemm: float = 0  # FP8 layers run bf16 below this tokens x in x out (``Fp8Config.min_gemm``)
     fast_accum: str = "output"  # tensorwise: "dgrad" also the input gradient's GEMM, "all" both backward ones
 
@@ -117,16 +119,19 @@ class PrecisionPolicy:
             raise PrecisionPolicyError(
                 f"PrecisionPolicy.scaling: unknown scaling {self.scaling!r}; expected one of {POLICY_SCALINGS}")
         other = {k: getattr(self, k) for k in FP8_KINDS if getattr(self, k) not in ("tensorwise", "bf16")}
-        for option, fallback in (("scaling", "current"), ("fast_accum", "output")):
+        for option, fallback in (("scaling", "current"), ("fast_accum", "output"), ("grad_margin", 0)):
             value = getattr(self, option)
             if value not in (fallback, "auto") and other:
                 raise PrecisionPolicyError(
                     f"PrecisionPolicy: {option}={value!r} is a tensorwise option, but {other} use other recipes; "
                     f"set those kinds to 'tensorwise' (or 'bf16'), or use {option}={fallback!r}")
-        try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history, min_gemm and fast_accum
+        if self.grad_margin and self.scaling == "current":
+            raise PrecisionPolicyError("PrecisionPolicy: grad_margin is a delayed-scaling option, but scaling is "
+                                       "'current'; use scaling 'auto' or 'delayed', or grad_margin=0")
+        try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history, grad_margin, min_gemm and fast_accum
             Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale,
                       grad_format=self.grad_format, amax_history=self.amax_history, min_gemm=self.min_gemm,
-                      fast_accum=self.fast_accum)
+                      fast_accum=self.fast_accum, scaling="delayed", grad_margin=self.grad_margin)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -144,8 +149,9 @@ class PrecisionPolicy:
         if extra:
             raise PrecisionPolicyError(f"{where}: unknown keys {extra}; expected some of {sorted(known)}")
         d = dict(d)
-        if isinstance(d.get("amax_history"), str) and d["amax_history"].strip().isdigit():  # a command-line value
-            d["amax_history"] = int(d["amax_history"])
+        for key in ("amax_history", "grad_margin"):
+            if isinstance(d.get(key), str) and d[key].strip().isdigit():  # a command-line value
+                d[key] = int(d[key])
         if isinstance(d.get("min_gemm"), str):  # a command-line or YAML value such as "1e11"
             try:
                 d["min_gemm"] = float(d["min_gemm"])
@@ -178,9 +184,11 @@ class PrecisionPolicy:
         recipe = self.recipe_for(kind)
         if recipe is None:
             return None
+        scaling = self.scaling_for(recipe)
         return Fp8Config(recipe=recipe, wgrad=self.wgrad, emulate=self.emulate, mx_on_hopper=self.mx_on_hopper,
-                         mx_scale=self.mx_scale, grad_format=self.grad_format, scaling=self.scaling_for(recipe),
-                         amax_history=self.amax_history, min_gemm=self.min_gemm, fast_accum=self.fast_accum)
+                         mx_scale=self.mx_scale, grad_format=self.grad_format, scaling=scaling,
+                         amax_history=self.amax_history, min_gemm=self.min_gemm, fast_accum=self.fast_accum,
+                         grad_margin=self.grad_margin if scaling == "delayed" else 0)
 
 
 @dataclass

@@ -96,6 +96,32 @@ def test_history_window_rule():
     assert int(h[4 % (window + 1)]) == (4 << 31) | f32_bits(100.0)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_margin_gives_the_history_scale_headroom(fmt):
+    """A margin of m binades: a scale from the history covers 2**m x its amax (Triton and reference bit for bit),
+    so a step up to 2**m over the window does not saturate; the first step (current scaling) ignores it."""
+    h_ref, h_tri = mx.new_amax_history(2)[0], mx.new_amax_history(2)[0]
+    x0 = torch.randn(40, 48, generator=torch.Generator().manual_seed(3))
+    fmax = FORMATS[fmt][1]
+    for step, x in enumerate((x0, 6 * x0)):  # step 1: 6x the window's amax
+        d_ref = mx.DelayedScale(h_ref, step, 2, use_history=step > 0, margin=3)
+        d_tri = mx.DelayedScale(h_tri, step, 2, use_history=step > 0, margin=3)
+        a, b = mx.quantize_tensorwise_both(x, fmt, backend="ref", delayed=d_ref)
+        c, d = mx.quantize_tensorwise_both(x, fmt, backend="triton", delayed=d_tri)
+        assert torch.equal(bits(a.data), bits(c.data)) and torch.equal(bits(b.data), bits(d.data))
+        assert torch.equal(bits(a.scale), bits(c.scale)) and torch.equal(h_ref, h_tri)
+        plain = mx.quantize_tensorwise_ref(x, 1, fmt, delayed=mx.DelayedScale(h_ref.clone(), step, 2, step > 0))
+        if step == 0:
+            assert torch.equal(bits(a.data), bits(plain.data))
+        else:
+            assert a.scale.item() == 8 * plain.scale.item()
+            assert plain.data.float().abs().max().item() == fmax  # without the margin the step saturates
+            assert a.data.float().abs().max().item() < fmax
+            torch.testing.assert_close(a.data.float()[:, :48] * a.scale, x, rtol=0.25, atol=1e-3)
+            over = [mx.delayed_overflow_ref(h_ref, 1, 2, fmt, margin=m).item() for m in (0, 3)]
+            assert over[0] > 1 >= over[1] and over[0] == pytest.approx(8 * over[1])
+
+
 def test_first_step_fallback_is_current_scaling():
     """Without history the delayed cast is current scaling bit for bit (Triton and reference) and records."""
     torch.manual_seed(1)
@@ -253,6 +279,11 @@ def test_config_validation():
         Fp8Config(recipe="tensorwise", scaling="delayed", amax_history=0)
     with pytest.raises(Fp8LinearError, match="scaling='delayed' is a tensorwise option"):
         Fp8Config(recipe="blockwise", scaling="delayed")
+    for margin in (-1, 7, 1.5, True):
+        with pytest.raises(Fp8LinearError, match=r"grad_margin must be an int in 0\.\.6"):
+            Fp8Config(recipe="tensorwise", scaling="delayed", grad_margin=margin)
+    with pytest.raises(Fp8LinearError, match="grad_margin is a delayed-scaling option"):
+        Fp8Config(recipe="tensorwise", grad_margin=2)
     with pytest.raises(mx.MXFormatError, match="window must be >= 1"):
         mx.new_amax_history(0)
     assert "scaling=delayed (history 4)" in repr(delayed_layer(nn.Linear(16, 16)))

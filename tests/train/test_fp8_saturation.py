@@ -13,8 +13,9 @@ from train.fp8_saturation import SaturationTally
 from train.trainer import Trainer
 
 
-def delayed_model() -> nn.Module:
-    cfg = Fp8Config(recipe="tensorwise", wgrad="recipe", emulate=True, scaling="delayed", amax_history=4)
+def delayed_model(grad_margin: int = 0) -> nn.Module:
+    cfg = Fp8Config(recipe="tensorwise", wgrad="recipe", emulate=True, scaling="delayed", amax_history=4,
+                    grad_margin=grad_margin)
     return nn.Sequential(Fp8Linear(32, 16, config=cfg), nn.ReLU(), Fp8Linear(16, 8, config=cfg))
 
 
@@ -56,6 +57,25 @@ def test_tally_tells_the_forward_ring_from_the_gradient_ring():
     assert rec["fp8/saturated_casts_x"] == 0.0 and rec["fp8/saturated_casts_dy"] == 1.0
     assert rec["fp8/saturated_casts"] == 0.5
     assert tally.summary()["saturated_x"] == 0 and tally.summary()["saturated_dy"] == 2
+
+
+def test_grad_margin_keeps_a_larger_backward_inside_the_range():
+    """The same 8x backward with 4 binades of headroom on dY's scale: no dY cast saturates, and the last layer
+    (whose dY, the loss's gradient, is the same in both runs) reads 1/16 of the overflow it reads without."""
+    reads, last_dy = [], []
+    for margin in (0, 4):
+        torch.manual_seed(0)
+        model, tally = delayed_model(margin), SaturationTally()
+        x = torch.randn(16, 32)
+        step(model, x)
+        step(model, x)
+        model(x).square().sum().mul(8).backward()
+        fp8_step()
+        reads.append(tally.sample(model))
+        last_dy.append(model[2].delayed_overflow()[1].item())
+    assert reads[0]["fp8/saturated_casts_dy"] == 1.0 and reads[1]["fp8/saturated_casts_dy"] == 0.0
+    assert reads[0]["fp8/saturated_casts_x"] == reads[1]["fp8/saturated_casts_x"] == 0.0
+    assert last_dy[0] > 1 and last_dy[1] == pytest.approx(last_dy[0] / 16)
 
 
 def test_run_records_saturation_with_delayed_fp8_layers_only(tiny_cfg, tmp_path):

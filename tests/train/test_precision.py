@@ -170,6 +170,23 @@ def test_delayed_scaling_option_reaches_the_tensorwise_layers_and_is_validated()
         PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "delayed", "amax_history": 0})
 
 
+def test_grad_margin_reaches_the_delayed_layers_and_is_validated():
+    p = PrecisionPolicy.from_dict({"mlp": "tensorwise", "attention": "tensorwise", "wgrad": "recipe",
+                                   "emulate": True, "grad_margin": "4"})  # "4": a CLI value
+    assert p.grad_margin == 4 and PrecisionPolicy().grad_margin == 0
+    model = Toy()
+    report = apply_precision_policy(model, p)
+    assert all(model.get_submodule(n).config.grad_margin == 4 for n in report.converted)
+    model(torch.randn(8, 32)).square().mean().backward()
+    assert all(model.get_submodule(n)._amax_state.margins == (0, 4) for n in report.converted)
+    with pytest.raises(PrecisionPolicyError, match="grad_margin is a delayed-scaling option.*'current'"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "scaling": "current", "grad_margin": 2})
+    with pytest.raises(PrecisionPolicyError, match=r"grad_margin=2 is a tensorwise option.*'mlp': 'blockwise'"):
+        PrecisionPolicy.from_dict({"attention": "tensorwise", "mlp": "blockwise", "grad_margin": 2})
+    with pytest.raises(PrecisionPolicyError, match=r"grad_margin must be an int in 0\.\.6"):
+        PrecisionPolicy.from_dict({"mlp": "tensorwise", "grad_margin": 9})
+
+
 def test_min_gemm_reaches_the_fp8_layers_and_is_validated():
     p = PrecisionPolicy.from_dict({"mlp": "tensorwise", "emulate": True, "min_gemm": "1e11"})  # YAML 1.1 reads a str
     assert p.min_gemm == 1e11 and PrecisionPolicy().min_gemm == 0

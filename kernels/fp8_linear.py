@@ -128,8 +128,8 @@ class Fp8Config:
         if not isinstance(self.grad_margin, int) or isinstance(self.grad_margin, bool) or not 0 <= self.grad_margin <= 6:
             raise Fp8LinearError(f"Fp8Config.grad_margin must be an int in 0..6 (binades), got {self.grad_margin!r}")
         if self.grad_margin and self.scaling != "delayed":
-            raise Fp8LinearError("Fp8Config: grad_margin is a delayed-scaling option; use scaling='delayed' or "
-                                 "grad_margin=0")
+            raise Fp8LinearError(f"Fp8Config: grad_margin is a delayed-scaling option, but scaling is "
+                                 f"{self.scaling!r}; use scaling='delayed' or grad_margin=0")
         if self.scaling == "delayed" and self.recipe not in ("tensorwise", "bf16"):
             raise Fp8LinearError(
                 f"Fp8Config: scaling='delayed' is a tensorwise option, recipe is {self.recipe!r}; use "
@@ -540,10 +540,9 @@ class Fp8Linear(nn.Linear):
         if c.scaling != "delayed" or c.recipe != "tensorwise" or not self.training:
             return None
         st = self._amax_state
-        margins = (0, c.grad_margin)
-        if st is None or st.device != x.device or st.window != c.amax_history or st.margins != margins:
+        if st is None or st.device != x.device or st.window != c.amax_history or st.margins[1] != c.grad_margin:
             register_step_hook()
-            st = self._amax_state = AmaxState(c.amax_history, x.device, margins)
+            st = self._amax_state = AmaxState(c.amax_history, x.device, (0, c.grad_margin))
         return st
 
     def delayed_overflow(self) -> torch.Tensor | None:

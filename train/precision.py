@@ -125,13 +125,11 @@ class PrecisionPolicy:
                 raise PrecisionPolicyError(
                     f"PrecisionPolicy: {option}={value!r} is a tensorwise option, but {other} use other recipes; "
                     f"set those kinds to 'tensorwise' (or 'bf16'), or use {option}={fallback!r}")
-        if self.grad_margin and self.scaling == "current":
-            raise PrecisionPolicyError("PrecisionPolicy: grad_margin is a delayed-scaling option, but scaling is "
-                                       "'current'; use scaling 'auto' or 'delayed', or grad_margin=0")
         try:  # validates mx_on_hopper, mx_scale, grad_format, amax_history, grad_margin, min_gemm and fast_accum
             Fp8Config(recipe="bf16", mx_on_hopper=self.mx_on_hopper, mx_scale=self.mx_scale,
                       grad_format=self.grad_format, amax_history=self.amax_history, min_gemm=self.min_gemm,
-                      fast_accum=self.fast_accum, scaling="delayed", grad_margin=self.grad_margin)
+                      fast_accum=self.fast_accum, scaling="current" if self.scaling == "current" else "delayed",
+                      grad_margin=self.grad_margin)
         except Fp8LinearError as e:
             raise PrecisionPolicyError(f"PrecisionPolicy: {e}") from None
         if self.attention_kernel not in ATTENTION_KERNELS:
